@@ -1,0 +1,136 @@
+"""The training batch and the policy update shared by every backend.
+
+A backend supplies four hooks: ``forward_logprobs(mb)`` (with grad), ``ref_logprobs(mb)`` (no grad),
+``backward(loss)`` and ``optimizer_step(lr) -> grad_norm``. ``Backend.update`` turns a step's kept
+rollouts into one (or ``ppo_epochs``) optimizer steps, accumulating gradients over micro-batches with the
+whole batch's normalisers, so micro-batching never changes the gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from tqdm import tqdm
+
+from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
+from pods.registry import Registry
+
+BACKENDS = Registry("training backend")
+OPTIMIZERS = Registry("optimizer")
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(params, o: dict):
+    return torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
+
+
+@OPTIMIZERS.register("adamw_8bit")
+def adamw_8bit(params, o: dict):  # the authors' single-GPU optimizer; needs bitsandbytes and a GPU
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
+
+
+@dataclass
+class TrainBatch:
+    """B sequences laid out as [left-padded prompt | right-padded completion]; completions start at column P."""
+
+    input_ids: torch.Tensor  # [B, P + C]
+    attention_mask: torch.Tensor  # [B, P + C]
+    prompt_width: int  # P
+    loss_mask: torch.Tensor  # [B, C] float, 1 on completion tokens that enter the loss
+    advantages: torch.Tensor  # [B]
+    sampler_logprobs: torch.Tensor  # [B, C], 0 on padding
+    token_weights: torch.Tensor | None = None  # [B, C]
+    old_logprobs: torch.Tensor | None = None  # [B, C]; None = the current policy's (detached)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> "TrainBatch":
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
+        return TrainBatch(**out)
+
+    def to(self, device) -> "TrainBatch":
+        return TrainBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
+
+
+def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_logprobs: list[list[float]], advantages, pad_id: int) -> TrainBatch:
+    """Stack sequences i = prompts[i] + completions[i] into a TrainBatch (CPU tensors)."""
+    P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
+    ids, attn, lmask, slp = [], [], [], []
+    for p, c, lp in zip(prompts, completions, sampler_logprobs):
+        ids.append([pad_id] * (P - len(p)) + p + c + [pad_id] * (C - len(c)))
+        attn.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (C - len(c)))
+        lmask.append([1.0] * len(c) + [0.0] * (C - len(c)))
+        slp.append(list(lp) + [0.0] * (C - len(lp)))
+    return TrainBatch(
+        input_ids=torch.tensor(ids), attention_mask=torch.tensor(attn), prompt_width=P, loss_mask=torch.tensor(lmask),
+        advantages=torch.as_tensor(advantages, dtype=torch.float32), sampler_logprobs=torch.tensor(slp),
+    )
+
+
+class Backend:
+    """Subclasses set ``self.alg`` (algorithm dict), ``self.micro_batch_size``, ``self.temperature``."""
+
+    alg: dict
+    micro_batch_size: int
+    device: torch.device = torch.device("cpu")
+
+    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def optimizer_step(self, lr: float) -> float:
+        raise NotImplementedError
+
+    def micro_batches(self, batch: TrainBatch, size: int | None = None):
+        size = size or self.micro_batch_size
+        for start in range(0, len(batch), size):
+            yield batch.rows(start, start + size).to(self.device)
+
+    @torch.no_grad()
+    def policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Current-policy log-probs of the completion tokens, [B, C], without grad."""
+        return torch.cat([self.forward_logprobs(mb).float().cpu() for mb in self.micro_batches(batch)])
+
+    def update(self, batch: TrainBatch, lr: float, micro_batch_size: int | None = None, progress: bool = False) -> dict:
+        """One optimizer step per ppo epoch over the whole batch; returns the step's statistics."""
+        a = self.alg
+        loss_fn, agg = POLICY_LOSSES.get(a["policy_loss"]), AGGREGATIONS.get(a["loss_agg"])
+        eps_low = a["epsilon"]
+        eps_high = a.get("epsilon_high") or eps_low
+        beta = float(a.get("beta") or 0.0)
+        n_seqs, n_tokens = len(batch), int(batch.loss_mask.sum().item())
+        if a.get("ppo_epochs", 1) > 1 and batch.old_logprobs is None:
+            batch.old_logprobs = self.policy_logprobs(batch)  # fixed behaviour policy across epochs
+        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+        grad_norms = []
+        for _ in range(a.get("ppo_epochs", 1)):
+            for mb in tqdm(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
+                logp = self.forward_logprobs(mb)
+                old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+                per_tok, clipped = loss_fn(logp, old, mb.advantages, eps_low, eps_high)
+                if beta > 0:
+                    kl = k3_kl(logp, self.ref_logprobs(mb))
+                    per_tok = per_tok + beta * kl
+                    sums["kl"] += float((kl.detach() * mb.loss_mask).sum())
+                if mb.token_weights is not None:
+                    per_tok = per_tok * mb.token_weights
+                loss = agg(per_tok, mb.loss_mask, n_seqs, n_tokens)
+                self.backward(loss)
+                sums["loss"] += float(loss.detach())
+                sums["clip_frac"] += float((clipped.float() * mb.loss_mask).sum())
+            grad_norms.append(self.optimizer_step(lr))
+        epochs = a.get("ppo_epochs", 1)
+        denom = max(n_tokens, 1) * epochs
+        return {"loss": sums["loss"] / epochs, "kl": sums["kl"] / denom, "clip_frac": sums["clip_frac"] / denom, "grad_norm": grad_norms[-1], "lr": lr}

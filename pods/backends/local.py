@@ -1,0 +1,93 @@
+"""Single-process training: full fine-tuning or LoRA (peft) on one device.
+
+The LoRA reference policy is the same module with its adapter disabled; full fine-tuning keeps a frozen
+copy of the initial weights only when a KL term is used (beta > 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import torch
+
+from pods.backends.base import OPTIMIZERS, Backend, TrainBatch
+from pods.losses import token_logprobs
+from pods.models import load_policy
+
+
+class LocalBackend(Backend):
+    def __init__(self, model_dir: str, cfg: dict):
+        hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
+        self.device = torch.device(hw.get("device", "cpu"))
+        self.micro_batch_size = int(hw["micro_batch_size"])
+        self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.lora = hw["finetune"] == "lora"
+        model = load_policy(model_dir, hw).to(self.device)
+        self.ref = None
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lc = hw["lora"]
+            model = get_peft_model(model, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"], target_modules=list(lc["target_modules"]), task_type="CAUSAL_LM"))
+        elif float(self.alg.get("beta") or 0) > 0:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = OPTIMIZERS.get(self.optim_cfg["name"])(self.params, self.optim_cfg)
+
+    @property
+    def policy(self):
+        """The module the HF engine generates with."""
+        return self.model
+
+    def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
+        P, C = mb.prompt_width, mb.loss_mask.shape[1]
+        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
+        return token_logprobs(logits[:, :-1], mb.input_ids[:, P:], self.temperature)
+
+    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        self.model.train()
+        return self._logprobs(self.model, mb)
+
+    @torch.no_grad()
+    def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, mb)
+        return self._logprobs(self.ref, mb)
+
+    def optimizer_step(self, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        max_norm = self.optim_cfg.get("max_grad_norm")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def export_weights(self):
+        """Yield (HF name, tensor) of the full current policy (LoRA merged), for engines that need a sync."""
+        if not self.lora:
+            yield from self.model.state_dict().items()
+            return
+        self.model.merge_adapter()
+        try:
+            for name, t in self.model.get_base_model().state_dict().items():
+                if "lora_" in name:
+                    continue
+                yield name.replace(".base_layer", ""), t
+        finally:
+            self.model.unmerge_adapter()
+
+    def state_dict(self) -> dict:
+        model_sd = {k: v for k, v in self.model.state_dict().items() if not self.lora or "lora_" in k}
+        return {"model": model_sd, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        missing, unexpected = self.model.load_state_dict(sd["model"], strict=False)
+        if unexpected:
+            raise ValueError(f"checkpoint has unexpected keys: {unexpected[:5]}")
+        self.optimizer.load_state_dict(sd["optimizer"])
+
+    def save_pretrained(self, out_dir: str) -> None:
+        self.model.save_pretrained(out_dir)

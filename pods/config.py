@@ -1,0 +1,69 @@
+"""Validate a resolved config (a plain dict) before any model or dataset is loaded.
+
+Every error names the offending key. Names are checked against the registries, so a typo lists the
+valid choices.
+"""
+
+from __future__ import annotations
+
+from pods.registry import Registry
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _name(registry: Registry, value, key: str) -> None:
+    if value not in registry:
+        raise ConfigError(f"{key}: unknown {registry.kind} '{value}'; valid: {', '.join(registry.names())}")
+
+
+def validate(cfg: dict) -> None:
+    from pods.advantages import ADVANTAGES
+    from pods.backends import BACKENDS, OPTIMIZERS
+    from pods.downsample import RULES
+    from pods.engines import ENGINES
+    from pods.losses import AGGREGATIONS, POLICY_LOSSES
+    from pods.models import check_model_available
+    from pods.schedules import SCHEDULES
+    from pods.tasks import DATASETS, GRADERS, RECIPES
+
+    a, t, hw = cfg["algorithm"], cfg["train"], cfg["hardware"]
+    n, m = a["n"], a["m"]
+    _need(isinstance(n, int) and n >= 1, f"algorithm.n must be an integer >= 1, got {n!r}")
+    _need(isinstance(m, int) and m >= 1, f"algorithm.m must be an integer >= 1, got {m!r}")
+    _need(m <= n, f"algorithm.m ({m}) must be <= algorithm.n ({n}): m rollouts are kept out of n")
+    _name(RULES, a["rule"], "algorithm.rule")
+    if a.get("grad_accum"):
+        _need(a["rule"] == "all", f"algorithm.grad_accum trains all n rollouts: algorithm.rule must be 'all', got '{a['rule']}'")
+        _need(n % m == 0, f"algorithm.grad_accum: algorithm.n ({n}) must be divisible by algorithm.m ({m}), the micro-batch")
+    elif a["rule"] == "all":
+        _need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
+    _name(ADVANTAGES, a["advantage"], "algorithm.advantage")
+    _name(POLICY_LOSSES, a["policy_loss"], "algorithm.policy_loss")
+    _name(AGGREGATIONS, a["loss_agg"], "algorithm.loss_agg")
+    _need(a["epsilon"] > 0, f"algorithm.epsilon must be > 0, got {a['epsilon']}")
+    _need(float(a.get("beta") or 0) >= 0, "algorithm.beta must be >= 0")
+    _need(int(a.get("ppo_epochs", 1)) >= 1, "algorithm.ppo_epochs must be >= 1")
+    _name(ENGINES, cfg["rollout"]["name"], "rollout.name")
+    _name(BACKENDS, hw["backend"], "hardware.backend")
+    _need(hw["finetune"] in ("lora", "full"), f"hardware.finetune must be 'lora' or 'full', got '{hw['finetune']}'")
+    _need(int(hw["micro_batch_size"]) >= 1, "hardware.micro_batch_size must be >= 1")
+    _name(OPTIMIZERS, cfg["optim"]["name"], "optim.name")
+    _name(SCHEDULES, cfg["optim"]["schedule"], "optim.schedule")
+    _need(cfg["optim"]["lr"] > 0, "optim.lr must be > 0")
+    ds = cfg["dataset"]
+    _name(DATASETS, ds["name"], "dataset.name")
+    _name(RECIPES, ds["recipe"], "dataset.recipe")
+    _name(GRADERS, ds["grader"], "dataset.grader")
+    _need(t["prompts_per_step"] >= 1, "train.prompts_per_step must be >= 1")
+    _need(t.get("max_steps") or t.get("time_budget_s"), "set train.max_steps or train.time_budget_s (or both)")
+    _need(cfg["sampling"]["temperature"] > 0, "sampling.temperature must be > 0 for RL rollouts")
+    _need(cfg["sampling"]["max_tokens"] >= 1, "sampling.max_tokens must be >= 1")
+    _need(t.get("old_logprobs", "policy") in ("policy", "sampler"), "train.old_logprobs must be 'policy' or 'sampler'")
+    check_model_available(cfg["model"])

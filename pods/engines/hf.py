@@ -1,0 +1,68 @@
+"""The HF ``generate`` engine: samples with the live training module, so there is nothing to sync."""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from pods.engines.base import ENGINES, Rollouts, Sampling
+
+
+class HFEngine:
+    needs_sync = False
+
+    def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):
+        if policy is None:
+            raise ValueError("the hf engine generates with the training model: pass policy=")
+        self.policy, self.tok = policy, tokenizer
+        self.max_batch = int(cfg.get("max_batch", 256))  # sequences per generate call
+        self.stop_ids = set(policy.generation_config.eos_token_id if isinstance(policy.generation_config.eos_token_id, list) else [policy.generation_config.eos_token_id])
+        self.stop_ids.discard(None)
+        self.stop_ids.add(tokenizer.eos_token_id)
+
+    def load_weights(self, named_tensors) -> None:  # the engine IS the policy
+        return None
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
+        per_call = max(1, self.max_batch // n)  # prompts per generate call
+        out_ids, out_lp, reasons = [], [], []
+        was_training = self.policy.training
+        self.policy.eval()
+        chunks = range(0, len(prompts), per_call)
+        for start in tqdm(chunks, desc="generate", leave=False, disable=not progress):
+            ids, lps, rs = self._generate_chunk(prompts[start : start + per_call], n, sampling)
+            out_ids += ids
+            out_lp += lps
+            reasons += rs
+        self.policy.train(was_training)
+        texts = self.tok.batch_decode(out_ids, skip_special_tokens=True)
+        return Rollouts(prompt_ids=prompts, completion_ids=out_ids, texts=texts, logprobs=out_lp, finish_reasons=reasons, n=n)
+
+    def _generate_chunk(self, prompts, n, s: Sampling):
+        device = next(self.policy.parameters()).device
+        width = max(map(len, prompts))
+        pad = self.tok.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        greedy = s.temperature <= 0
+        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
+        if s.seed is not None:
+            torch.manual_seed(s.seed)
+        gen = self.policy.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=s.max_tokens, num_return_sequences=n,
+            return_dict_in_generate=True, output_logits=True, pad_token_id=pad, eos_token_id=sorted(self.stop_ids), **kwargs,
+        )
+        new = gen.sequences[:, width:]  # [B, C]
+        logits = torch.stack(gen.logits, dim=1).float()  # [B, C, V], raw
+        logits = logits / (1.0 if greedy else s.temperature)
+        lp = (logits.gather(-1, new.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)).tolist()
+        out_ids, out_lp, reasons = [], [], []
+        for row, row_lp in zip(new.tolist(), lp):
+            end = next((i for i, t in enumerate(row) if t in self.stop_ids), None)
+            keep = len(row) if end is None else end + 1  # keep the stop token: the policy learns to stop
+            out_ids.append(row[:keep])
+            out_lp.append(row_lp[:keep])
+            reasons.append("length" if end is None else "stop")
+        return out_ids, out_lp, reasons
+

@@ -1,0 +1,181 @@
+"""The training loop: GRPO, GRPO-GA and GRPO-PODS are one loop with different config values.
+
+Each step: (1) sample prompts, (2) generate n rollouts per prompt, (3) score them, (4) down-sample to m
+per prompt group with the named rule, (5) advantages on the kept m, (6) policy update, (7) sync weights
+into the engine, (8) log, (9) evaluate on the training clock's schedule, (10) checkpoint.
+GRPO is rule ``all`` with m = n; GRPO-GA keeps all n and trains them in micro-batches of m with one
+optimizer step; PODS keeps m of n. The training clock (``train_time``) excludes evaluation and
+checkpointing, so curves of accuracy against training time compare algorithms fairly.
+
+``train(cfg, run_dir)`` takes a plain dict (no Hydra), so tests and scripts call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from pods import checkpoint
+from pods.advantages import ADVANTAGES
+from pods.backends import BACKENDS, build_batch
+from pods.config import validate
+from pods.data import PromptSampler
+from pods.downsample import select
+from pods.engines import ENGINES, Sampling
+from pods.evaluate import evaluate
+from pods.metrics import MetricsLogger
+from pods.models import load_tokenizer, resolve_model_dir
+from pods.schedules import SCHEDULES
+from pods.tasks import DATASETS, encode_prompts, score_batch
+
+
+class _Stop:
+    """Set by SIGUSR1/SIGTERM (e.g. SLURM's pre-emption warning): checkpoint and leave cleanly."""
+
+    requested = False
+
+    @classmethod
+    def install(cls) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                signal.signal(sig, lambda *_: setattr(cls, "requested", True))
+            except ValueError:  # not the main thread (e.g. inside a test runner thread)
+                pass
+
+
+def progress_of(state: dict, t: dict) -> float:
+    """Fraction of the run's horizon used: by optimizer steps and/or training seconds, whichever is further."""
+    p = 0.0
+    if t.get("max_steps"):
+        p = max(p, state["step"] / t["max_steps"])
+    if t.get("time_budget_s"):
+        p = max(p, state["train_time"] / t["time_budget_s"])
+    return min(p, 1.0)
+
+
+def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int) -> dict:
+    """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds)."""
+    a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
+    n, G = a["n"], len(prompts)
+    keep = n if a.get("grad_accum") else a["m"]
+    s = cfg["sampling"]
+    clock = time.perf_counter()
+    ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"]))  # (2)
+    t_gen = time.perf_counter()
+    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"])  # (3)
+    rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
+    t_score = time.perf_counter()
+    kept = select(a["rule"], rewards, keep, generator=gen)  # (4) [G, keep], per prompt group
+    t_select = time.perf_counter()
+    kept_rewards = rewards.gather(1, kept)
+    adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
+    rows = (kept + torch.arange(G).unsqueeze(1) * n).flatten().tolist()
+    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id)
+    if t.get("old_logprobs") == "sampler":
+        batch.old_logprobs = batch.sampler_logprobs
+    micro = min(G * a["m"], backend.micro_batch_size) if a.get("grad_accum") else None
+    stats = backend.update(batch, lr, micro_batch_size=micro)  # (6)
+    t_update = time.perf_counter()
+    if engine.needs_sync:
+        engine.load_weights(backend.export_weights())  # (7)
+    t_sync = time.perf_counter()
+    terms = {k: sum(sc.terms[k] for sc in scores) / len(scores) for k in scores[0].terms}
+    return {
+        **stats, "t_generate": t_gen - clock, "t_score": t_score - t_gen, "t_select": t_select - t_score,
+        "t_update": t_update - t_select, "t_sync": t_sync - t_update,
+        "reward_mean_all": rewards.mean().item(), "reward_std_all": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "reward_mean_kept": kept_rewards.mean().item(), "reward_std_kept": kept_rewards.std().item() if kept_rewards.numel() > 1 else 0.0,
+        "zero_var_groups": (rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0,
+        "kept": int(kept.numel()), "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
+        "tokens": ro.num_tokens, "tokens_trained": int(batch.loss_mask.sum()), "truncated": ro.finish_reasons.count("length") / len(scores),
+        "timeouts": sum(sc.timed_out for sc in scores), **{f"reward_{k}": v for k, v in terms.items()},
+    }
+
+
+def _due(last: float, now: float, every: float | None) -> bool:
+    return bool(every) and now - last >= every
+
+
+def train(cfg: dict, run_dir: str | Path) -> dict:
+    """Run one experiment; returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
+    validate(cfg)  # (0) before any model or dataset is loaded
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    hw, t, ev, ds, a = cfg["hardware"], cfg["train"], cfg["eval"], cfg["dataset"], cfg["algorithm"]
+    if hw.get("torch_threads"):
+        torch.set_num_threads(int(hw["torch_threads"]))
+    torch.manual_seed(cfg["seed"])
+    task = DATASETS.get(ds["name"])(ds)  # data first: a missing file fails before the model loads
+    model_dir = resolve_model_dir(cfg["model"])
+    tok = load_tokenizer(model_dir)
+    train_ids, train_ex, dropped = encode_prompts(task.train, tok, ds.get("max_prompt_length"))
+    test_ids, test_ex, _ = encode_prompts(task.test[: ev.get("max_examples") or None], tok, ds.get("max_prompt_length"))
+    backend = BACKENDS.get(hw["backend"])(model_dir, cfg)
+    engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
+    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"])
+    gen = torch.Generator().manual_seed(cfg["seed"])  # the random down-sampling rule's stream
+    state = {"step": 0, "train_time": 0.0, "last_eval": 0.0, "last_ckpt": 0.0, "evals": 0}
+    ckpt_dir = run_dir / "checkpoints"
+    resume = t.get("resume")
+    if resume:
+        path = checkpoint.latest(ckpt_dir) if resume == "auto" else Path(resume)
+        if path is not None:
+            state, extra = checkpoint.load(path, backend, sampler)
+            gen.set_state(extra["select"])
+            if engine.needs_sync:
+                engine.load_weights(backend.export_weights())
+            print(f"[pods] resumed from {path} at step {state['step']}", flush=True)
+    logger = MetricsLogger(run_dir, cfg, resume_step=state["step"] if resume else None)
+    if state["step"] == 0:
+        logger.log({"kind": "setup", "step": 0, "model_dir": str(model_dir), "train_prompts": len(train_ids), "dropped_prompts": dropped, "test_prompts": len(test_ids)})
+    schedule, lr0 = SCHEDULES.get(cfg["optim"]["schedule"]), cfg["optim"]["lr"]
+    golds = [ex.gold for ex in train_ex]
+    test_golds = [ex.gold for ex in test_ex]
+
+    def run_eval() -> dict:
+        row = {"kind": "eval", "step": state["step"], "train_time": state["train_time"], **evaluate(engine, test_ids, test_golds, ev, ds, ev.get("seed", 0) + state["evals"])}
+        state["evals"] += 1
+        state["last_eval"] = state["train_time"]
+        logger.log(row)
+        return row
+
+    def save() -> None:
+        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()})
+        state["last_ckpt"] = state["train_time"]
+
+    def finished() -> bool:
+        return bool((t.get("max_steps") and state["step"] >= t["max_steps"]) or (t.get("time_budget_s") and state["train_time"] >= t["time_budget_s"]))
+
+    _Stop.install()
+    last = run_eval() if ev.get("at_start", True) and state["step"] == 0 else {}
+    from tqdm import tqdm
+
+    bar = tqdm(total=t.get("max_steps"), initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True)
+    while not finished() and not _Stop.requested:
+        clock = time.perf_counter()
+        idx = sampler.next()  # (1)
+        lr = lr0 * schedule(progress_of(state, t), cfg["optim"].get("warmup_ratio", 0.0))
+        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id)  # (2)-(7)
+        state["step"] += 1
+        state["train_time"] += time.perf_counter() - clock
+        logger.log({"kind": "train", "step": state["step"], "train_time": state["train_time"], **row})  # (8)
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{state['train_time']:.0f}s")
+        if _due(state["last_eval"], state["train_time"], ev.get("every_s")) or (ev.get("every_steps") and state["step"] % ev["every_steps"] == 0):
+            last = run_eval()  # (9), off the training clock
+        if _due(state["last_ckpt"], state["train_time"], t.get("checkpoint_every_s")) or (t.get("checkpoint_every_steps") and state["step"] % t["checkpoint_every_steps"] == 0):
+            save()  # (10)
+    bar.close()
+    if not last or last["step"] != state["step"]:
+        last = run_eval()
+    if _Stop.requested or t.get("checkpoint_at_end", True):
+        save()
+    if t.get("save_final"):
+        backend.save_pretrained(str(run_dir / "final"))
+    logger.close()
+    return last

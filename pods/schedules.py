@@ -1,0 +1,38 @@
+"""Learning-rate schedules as functions of training PROGRESS in [0, 1].
+
+Progress is the fraction of the run's horizon (optimizer steps or training seconds) already used, so the
+schedule never depends on how many micro-batches are accumulated per step (the flaw in the authors'
+multi-GPU comparison, where the horizon scaled with gradient accumulation).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pods.registry import Registry
+
+SCHEDULES = Registry("lr schedule")
+
+
+def _warmup(progress: float, warmup: float) -> float:
+    return min(1.0, progress / warmup) if warmup > 0 else 1.0
+
+
+@SCHEDULES.register("constant")
+def constant(progress: float, warmup: float = 0.0) -> float:
+    return _warmup(progress, warmup)
+
+
+@SCHEDULES.register("cosine")
+def cosine(progress: float, warmup: float = 0.0) -> float:
+    if progress < warmup:
+        return _warmup(progress, warmup)
+    frac = min(1.0, (progress - warmup) / max(1e-12, 1 - warmup))
+    return 0.5 * (1 + math.cos(math.pi * frac))
+
+
+@SCHEDULES.register("linear")
+def linear(progress: float, warmup: float = 0.0) -> float:
+    if progress < warmup:
+        return _warmup(progress, warmup)
+    return max(0.0, 1 - (progress - warmup) / max(1e-12, 1 - warmup))

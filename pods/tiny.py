@@ -1,0 +1,147 @@
+"""The tiny CPU model: a Qwen2-architecture policy built in code, with its own tokenizer and a chat template.
+
+``ensure_tiny(spec, cache_dir)`` returns a directory that loads through the same ``from_pretrained`` path
+as hub models (and in vLLM: head_dim = 128 / 4 = 32). The first call trains a byte-level BPE tokenizer
+on toy-task text, builds the model, gives it a short supervised warm start on the toy task's TRAIN split
+(so RL starts well above 0% and well below 100%), and saves; later calls hit the cache (keyed by a hash
+of the spec). The tokenizer pre-splits text with Qwen2's own regex, so ``AutoTokenizer`` (which maps
+model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode identically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from pods.tasks.toy import ANSWER, toy_arith
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEFAULT_SPEC = {
+    "vocab_size": 384, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "warm_start_steps": 300, "warm_start_batch": 64, "warm_start_lr": 3e-3, "seed": 0,
+    "dataset": {"name": "toy_arith", "low": 10, "high": 99, "train_size": 4000, "test_size": 200, "seed": 1234},
+}
+
+
+def spec_hash(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE, model_max_length=256
+    )
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer; a pods-built tiny tokenizer is loaded as the fast tokenizer it was saved as."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if (Path(path) / "pods_tiny.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _sft_batch(tokenizer, examples, device="cpu"):
+    """Prompt + answer token ids, with labels only on the answer (and its end-of-turn token)."""
+    seqs, labels = [], []
+    for ex in examples:
+        p = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True)
+        p = list(p["input_ids"] if hasattr(p, "keys") else p)
+        a = tokenizer(ANSWER.format(result=ex.gold) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(map(len, seqs))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=device)
+    lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels], device=device)
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+    return ids, lab, mask
+
+
+def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed: int) -> None:
+    from tqdm import tqdm
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
+    model.train()
+    bar = tqdm(range(steps), desc="tiny warm start", leave=False, mininterval=2.0)
+    for _ in bar:
+        ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch))
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+
+
+def build_tiny(spec: dict, out_dir: Path) -> dict:
+    """Build, warm-start and save the tiny model + tokenizer into ``out_dir``; returns build info."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    t0 = time.time()
+    torch.manual_seed(spec["seed"])
+    data = toy_arith(spec["dataset"])
+    texts = [ex.messages[0]["content"] + " " + ANSWER.format(result=ex.gold) for ex in data.train] + ["user assistant system"]
+    tok = build_tokenizer(texts, spec["vocab_size"])
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"], num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"], max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True, rope_theta=10000.0, bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg).float()
+    warm_start(model, tok, data.train, spec["warm_start_steps"], spec["warm_start_batch"], spec["warm_start_lr"], spec["seed"])
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
+    )
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"spec": spec, "params": sum(p.numel() for p in model.parameters()), "build_seconds": round(time.time() - t0, 1)}
+    (tmp / "pods_tiny.json").write_text(json.dumps(info, indent=2))
+    tmp.rename(out_dir)  # atomic: a half-built model is never mistaken for a cached one
+    return info
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PODS_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+
+
+def ensure_tiny(spec: dict | None = None, cache_dir: str | Path | None = None) -> Path:
+    """Return the directory of the tiny model for ``spec``, building it on first use."""
+    spec = {**DEFAULT_SPEC, **(spec or {})}
+    out = Path(cache_dir or default_cache_dir()) / f"tiny-{spec_hash(spec)}"
+    if not (out / "pods_tiny.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"[pods] building the tiny model into {out} (once; cached afterwards)", flush=True)
+        info = build_tiny(spec, out)
+        print(f"[pods] tiny model: {info['params']:,} params, built in {info['build_seconds']} s", flush=True)
+    return out
