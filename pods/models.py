@@ -24,26 +24,44 @@ def _build_tiny(model_cfg: dict) -> Path:
 
 
 def check_model_available(model_cfg: dict) -> None:
-    """Fail in well under a second when a hub id cannot be loaded (offline, not cached)."""
+    """Fail within seconds, naming model.path, when a hub id cannot be loaded (offline, not cached)."""
+    from pods.config import ConfigError
+
     if model_cfg.get("builder"):
         BUILDERS.get(model_cfg["builder"])  # unknown builder -> ValueError naming the valid ones
         return
     path = model_cfg.get("path")
     if not path:
-        raise ValueError("model.path is required (a local directory or a hub id) unless model.builder is set")
+        raise ConfigError("model.path is required (a local directory or a hub id) unless model.builder is set")
     if Path(path).is_dir():
         return
     if Path(path).is_absolute() or path.startswith("."):
-        raise ValueError(f"model.path '{path}' is not a directory")
+        raise ConfigError(f"model.path '{path}' is not a directory")
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(path, "config.json")
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    if offline and not isinstance(cached, str):
-        raise ValueError(
-            f"model.path '{path}' is a hub id, HF_HUB_OFFLINE is set and the model is not in the local HF cache: "
-            "download it on a machine with network (huggingface-cli download) and set model.path=/local/dir"
-        )
+    if isinstance(cached, str):
+        return
+    hint = "download it where there is network (huggingface-cli download ID --local-dir DIR) and set model.path=DIR"
+    if offline:
+        raise ConfigError(f"model.path '{path}' is a hub id, HF_HUB_OFFLINE is set and it is not in the local HF cache: {hint}")
+    if not _hub_reachable():
+        raise ConfigError(f"model.path '{path}' is a hub id but the hub is unreachable (no network?): {hint}")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def resolve_model_dir(model_cfg: dict) -> str:

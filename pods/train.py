@@ -27,7 +27,7 @@ def main(cfg: DictConfig) -> float | None:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         last = train(to_plain(cfg), run_dir)
-    except ConfigError as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"pods: config error: {e}", file=sys.stderr)
         sys.exit(2)
     print(f"[pods] run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}", flush=True)

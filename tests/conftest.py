@@ -1,0 +1,54 @@
+"""Shared test setup: offline hub/datasets/wandb, 2 torch threads, the real Hydra config composed and shrunk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
+
+
+def compose(overrides: list[str] | None = None, name: str = "config") -> dict:
+    """Compose the real config tree with overrides and resolve it to the plain dict ``train`` takes."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name=name, overrides=overrides or [], return_hydra_config=False)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def shrink(cfg: dict, steps: int = 2) -> dict:
+    """Make any composed config a seconds-long CPU run of the tiny model (the algorithm's n/m are kept)."""
+    cfg["train"].update(max_steps=steps, time_budget_s=None, prompts_per_step=min(cfg["train"]["prompts_per_step"], 2), checkpoint_every_s=None)
+    cfg["eval"].update(max_examples=8, repeats=1, every_s=None, every_steps=None)
+    cfg["sampling"]["max_tokens"] = min(cfg["sampling"]["max_tokens"], 12)
+    cfg["eval"]["max_tokens"] = cfg["sampling"]["max_tokens"]
+    cfg["logger"] = {"name": "none"}
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    """The tiny model directory (built once into the repo's .cache, then reused)."""
+    from pods.tiny import ensure_tiny
+
+    return ensure_tiny()
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.exists():
+        pytest.skip(f"shared data directory {SHARED} not found (set PODS_SHARED)")
+    return SHARED

@@ -1,0 +1,70 @@
+"""Hand-computed values for the loss pieces, advantages and schedules."""
+
+import math
+
+import pytest
+import torch
+
+from pods.advantages import ADVANTAGES
+from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, token_logprobs
+from pods.schedules import SCHEDULES
+
+
+def test_clipped_surrogate_matches_hand_values():
+    # per token: (log-ratio, advantage) -> expected loss, clipped?
+    cases = [(0.5, 1.0, -1.2, True), (0.5, -1.0, math.exp(0.5), False), (math.log(0.5), 1.0, -0.5, False), (math.log(0.5), -1.0, 0.8, True), (0.0, 2.0, -2.0, False)]
+    old = torch.zeros(len(cases), 1)
+    logp = torch.tensor([[c[0]] for c in cases])
+    adv = torch.tensor([c[1] for c in cases])
+    loss, clipped = POLICY_LOSSES.get("clipped")(logp, old, adv, 0.2, 0.2)
+    assert torch.allclose(loss.squeeze(1), torch.tensor([c[2] for c in cases]), atol=1e-6)
+    assert clipped.squeeze(1).tolist() == [c[3] for c in cases]
+
+
+def test_asymmetric_clip_uses_eps_high_above_one():
+    loss, _ = POLICY_LOSSES.get("clipped")(torch.tensor([[0.5]]), torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28)
+
+
+def test_gradient_of_clipped_token_is_zero_and_unclipped_is_ratio_times_adv():
+    logp = torch.tensor([[0.5, 0.1]], requires_grad=True)
+    loss, _ = POLICY_LOSSES.get("clipped")(logp, torch.zeros(1, 2), torch.tensor([1.0]), 0.2, 0.2)
+    loss.sum().backward()
+    assert logp.grad[0, 0].item() == 0.0  # ratio e^0.5 > 1.2: clipped, no gradient
+    assert logp.grad[0, 1].item() == pytest.approx(-math.exp(0.1))
+
+
+def test_k3_kl_hand_value_and_zero_at_equality():
+    kl = k3_kl(torch.tensor([math.log(0.5), -1.0]), torch.tensor([math.log(0.25), -1.0]))
+    assert kl[0].item() == pytest.approx(0.5 - math.log(0.5) - 1)
+    assert kl[1].item() == 0.0
+
+
+def test_aggregations_hand_values():
+    per_tok = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert AGGREGATIONS.get("seq_mean")(per_tok, mask, 2, 3).item() == pytest.approx((2.0 + 2.0) / 2)
+    assert AGGREGATIONS.get("token_mean")(per_tok, mask, 2, 3).item() == pytest.approx(6.0 / 3)
+
+
+def test_token_logprobs_divides_by_temperature():
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]])
+    lp = token_logprobs(logits, torch.tensor([[0]]), temperature=0.5)
+    expected = 4.0 - math.log(math.exp(4.0) + 1 + math.exp(-2.0))
+    assert lp.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_grpo_advantage_hand_value_and_constant_row():
+    adv = ADVANTAGES.get("grpo")(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.3, 0.3, 0.3, 0.3]]))
+    s = math.sqrt(1 / 3)
+    assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (s + 1e-4))
+    assert torch.equal(adv[1], torch.zeros(4))
+
+
+@pytest.mark.parametrize("name", ["constant", "cosine", "linear"])
+def test_schedules_depend_only_on_progress(name):
+    f = SCHEDULES.get(name)
+    assert f(0.05, 0.1) == pytest.approx(0.5)  # warmup halfway
+    assert f(0.1, 0.1) == pytest.approx(1.0)
+    end = {"constant": 1.0, "cosine": 0.0, "linear": 0.0}[name]
+    assert f(1.0, 0.1) == pytest.approx(end, abs=1e-9)
