@@ -1,0 +1,69 @@
+"""The tiny model: loads through from_pretrained, tokenizers agree, warm start lands mid-range."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from pods.engines import ENGINES, Sampling
+from pods.evaluate import evaluate
+from pods.models import load_policy, load_tokenizer
+from pods.tasks import DATASETS, encode_prompts
+from pods.tiny import DEFAULT_SPEC
+
+
+def test_tokenizer_round_trip_and_auto_tokenizer_agree(tiny_dir):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = load_tokenizer(str(tiny_dir))
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    auto = AutoTokenizer.from_pretrained(str(tiny_dir))  # what vLLM and other tools will load
+    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    ids, kept, dropped = encode_prompts(data.test[:50], tok, 128)
+    auto_ids, _, _ = encode_prompts(data.test[:50], auto, 128)
+    assert ids == auto_ids and dropped == 0
+    text = "Answer: 1234 + 56 = 1290"
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_model_config_is_vllm_compatible(tiny_dir):
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["hidden_size"] // cfg["num_attention_heads"] >= 32
+    info = json.loads((tiny_dir / "pods_tiny.json").read_text())
+    assert 100_000 < info["params"] < 2_000_000
+
+
+def test_warm_start_accuracy_is_well_inside_0_and_1(tiny_dir):
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_policy(str(tiny_dir), {"dtype": "float32"})
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, {"max_batch": 256}, policy=model)
+    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    ids, kept, _ = encode_prompts(data.test[:100], tok, 128)
+    ev = {"temperature": 1.0, "max_tokens": 12, "repeats": 2}
+    res = evaluate(engine, ids, [e.gold for e in kept], ev, {"recipe": "toy", "grader": "toy"}, seed=0)
+    assert 0.15 < res["accuracy"] < 0.85, res
+    assert res["format_accuracy"] > 0.5
+
+
+def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
+    """The engine's sampler log-probs equal the policy's recomputed log-probs at the same temperature."""
+    from pods.backends.base import build_batch
+    from pods.losses import token_logprobs
+
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_policy(str(tiny_dir), {"dtype": "float32"}).eval()
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, {}, policy=model)
+    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    ids, _, _ = encode_prompts(data.test[:3], tok, 128)
+    torch.manual_seed(0)
+    ro = engine.generate(ids, 4, Sampling(temperature=0.7, max_tokens=12))
+    b = build_batch([ids[i // 4] for i in range(12)], ro.completion_ids, ro.logprobs, torch.zeros(12), tok.pad_token_id)
+    pos = (b.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=pos).logits
+    P = b.prompt_width
+    lp = token_logprobs(logits[:, P - 1 : -1], b.input_ids[:, P:], 0.7)
+    assert torch.allclose(lp * b.loss_mask, b.sampler_logprobs, atol=1e-4)
+    assert all(r in ("stop", "length") for r in ro.finish_reasons)
+    assert all(len(c) == len(lp_) for c, lp_ in zip(ro.completion_ids, ro.logprobs))
