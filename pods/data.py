@@ -1,4 +1,8 @@
-"""A checkpointable prompt sampler: shuffled epochs over the training prompts from a seed."""
+"""A checkpointable prompt sampler: shuffled epochs over the training prompts from a seed.
+
+With several ranks every rank walks the same global order and takes its own slice of each step's
+``batch * world`` prompts, so the data position (the checkpointed state) is the same on every rank.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ import torch
 
 
 class PromptSampler:
-    def __init__(self, size: int, batch: int, seed: int):
+    def __init__(self, size: int, batch: int, seed: int, rank: int = 0, world: int = 1):
         if size < 1:
             raise ValueError("the training split has no prompts (after filtering by dataset.max_prompt_length)")
         self.size, self.batch, self.seed = size, batch, seed
+        self.rank, self.world = rank, world
         self.epoch, self.pos = 0, 0
         self._order = self._perm()
 
@@ -18,15 +23,15 @@ class PromptSampler:
         return torch.randperm(self.size, generator=g).tolist()
 
     def next(self) -> list[int]:
-        out = []
-        while len(out) < self.batch:
+        out, total = [], self.batch * self.world
+        while len(out) < total:
             if self.pos == self.size:
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._perm()
-            take = min(self.batch - len(out), self.size - self.pos)
+            take = min(total - len(out), self.size - self.pos)
             out += self._order[self.pos : self.pos + take]
             self.pos += take
-        return out
+        return out[self.rank * self.batch : (self.rank + 1) * self.batch]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "size": self.size, "seed": self.seed}

@@ -8,6 +8,11 @@ optimizer step; PODS keeps m of n. The training clock (``train_time``) excludes 
 checkpointing, so curves of accuracy against training time compare algorithms fairly.
 
 ``train(cfg, run_dir)`` takes a plain dict (no Hydra), so tests and scripts call it directly.
+
+Several processes (``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...``): each rank runs
+this same loop on its own ``train.prompts_per_step`` prompts, with its own engine; a prompt group never
+spans ranks, so (4)-(5) are unchanged; the backend reduces gradients in (6). ``pods.distributed`` keeps the
+clock and the stop decision identical on every rank and reduces what is logged; only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pods import checkpoint
+from pods import checkpoint, distributed
 from pods.advantages import ADVANTAGES
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
@@ -57,8 +62,9 @@ def progress_of(state: dict, t: dict) -> float:
     return min(p, 1.0)
 
 
-def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int) -> dict:
-    """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds)."""
+def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int, dist=distributed.SINGLE) -> dict:
+    """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
+    statistics over every rank's groups)."""
     a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
     n, G = a["n"], len(prompts)
     keep = n if a.get("grad_accum") else a["m"]
@@ -73,6 +79,7 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     t_select = time.perf_counter()
     kept_rewards = rewards.gather(1, kept)
     adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
+    all_rewards, all_kept = dist.all_gather(rewards), dist.all_gather(kept_rewards)  # for logging: every rank's groups
     rows = (kept + torch.arange(G).unsqueeze(1) * n).flatten().tolist()
     batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id)
     if t.get("old_logprobs") == "sampler":
@@ -87,9 +94,9 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     return {
         **stats, "t_generate": t_gen - clock, "t_score": t_score - t_gen, "t_select": t_select - t_score,
         "t_update": t_update - t_select, "t_sync": t_sync - t_update,
-        "reward_mean_all": rewards.mean().item(), "reward_std_all": rewards.std().item() if rewards.numel() > 1 else 0.0,
-        "reward_mean_kept": kept_rewards.mean().item(), "reward_std_kept": kept_rewards.std().item() if kept_rewards.numel() > 1 else 0.0,
-        "zero_var_groups": (rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0,
+        "reward_mean_all": all_rewards.mean().item(), "reward_std_all": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
+        "reward_mean_kept": all_kept.mean().item(), "reward_std_kept": all_kept.std().item() if all_kept.numel() > 1 else 0.0,
+        "zero_var_groups": (all_rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0,
         "kept": int(kept.numel()), "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
         "tokens": ro.num_tokens, "tokens_trained": int(batch.loss_mask.sum()), "truncated": ro.finish_reasons.count("length") / len(scores),
         "timeouts": sum(sc.timed_out for sc in scores), **{f"reward_{k}": v for k, v in terms.items()},
@@ -103,13 +110,15 @@ def _due(last: float, now: float, every: float | None) -> bool:
 def train(cfg: dict, run_dir: str | Path) -> dict:
     """Run one experiment; returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
     validate(cfg)  # (0) before any model or dataset is loaded
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     hw, t, ev, ds, a = cfg["hardware"], cfg["train"], cfg["eval"], cfg["dataset"], cfg["algorithm"]
+    dist = distributed.init(hw)  # this process's rank (one process: rank 0 of 1, every collective a no-op)
+    run_dir = Path(dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     if hw.get("torch_threads"):
         torch.set_num_threads(int(hw["torch_threads"]))
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg["seed"] + dist.rank)  # each rank samples its own rollouts
     task = DATASETS.get(ds["name"])(ds)  # data first: a missing file fails before the model loads
     model_dir = resolve_model_dir(cfg["model"])
     tok = load_tokenizer(model_dir)
@@ -117,35 +126,38 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     test_ids, test_ex, _ = encode_prompts(task.test[: ev.get("max_examples") or None], tok, ds.get("max_prompt_length"))
     backend = BACKENDS.get(hw["backend"])(model_dir, cfg)
     engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
-    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"])
-    gen = torch.Generator().manual_seed(cfg["seed"])  # the random down-sampling rule's stream
+    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world)  # prompts per rank
+    gen = torch.Generator().manual_seed(cfg["seed"] + dist.rank)  # the random down-sampling rule's stream
     state = {"step": 0, "train_time": 0.0, "last_eval": 0.0, "last_ckpt": 0.0, "evals": 0}
     ckpt_dir = run_dir / "checkpoints"
     resume = t.get("resume")
     if resume:
         path = checkpoint.latest(ckpt_dir) if resume == "auto" else Path(resume)
         if path is not None:
-            state, extra = checkpoint.load(path, backend, sampler)
+            state, extra = checkpoint.load(path, backend, sampler, dist)
             gen.set_state(extra["select"])
             if engine.needs_sync:
                 engine.load_weights(backend.export_weights())
-            print(f"[pods] resumed from {path} at step {state['step']}", flush=True)
-    logger = MetricsLogger(run_dir, cfg, resume_step=state["step"] if resume else None)
+            if dist.is_main:
+                print(f"[pods] resumed from {path} at step {state['step']}", flush=True)
+    logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main, resume_step=state["step"] if resume else None)
     if state["step"] == 0:
-        logger.log({"kind": "setup", "step": 0, "model_dir": str(model_dir), "train_prompts": len(train_ids), "dropped_prompts": dropped, "test_prompts": len(test_ids)})
+        logger.log({"kind": "setup", "step": 0, "model_dir": str(model_dir), "train_prompts": len(train_ids), "dropped_prompts": dropped, "test_prompts": len(test_ids), "world_size": dist.world})
     schedule, lr0 = SCHEDULES.get(cfg["optim"]["schedule"]), cfg["optim"]["lr"]
     golds = [ex.gold for ex in train_ex]
-    test_golds = [ex.gold for ex in test_ex]
+    lockstep = backend.collective_forward and not engine.needs_sync  # generating with the ZeRO-3 module: equal eval shards
+    test_ids, test_golds = dist.shard(test_ids, lockstep), dist.shard([ex.gold for ex in test_ex], lockstep)  # each rank scores its share
 
     def run_eval() -> dict:
-        row = {"kind": "eval", "step": state["step"], "train_time": state["train_time"], **evaluate(engine, test_ids, test_golds, ev, ds, ev.get("seed", 0) + state["evals"])}
+        scores = dist.reduce_eval(evaluate(engine, test_ids, test_golds, ev, ds, ev.get("seed", 0) + state["evals"]))
+        row = {"kind": "eval", "step": state["step"], "train_time": state["train_time"], **scores}
         state["evals"] += 1
         state["last_eval"] = state["train_time"]
         logger.log(row)
         return row
 
     def save() -> None:
-        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()})
+        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist)
         state["last_ckpt"] = state["train_time"]
 
     def finished() -> bool:
@@ -155,14 +167,15 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     last = run_eval() if ev.get("at_start", True) and state["step"] == 0 else {}
     from tqdm import tqdm
 
-    bar = tqdm(total=t.get("max_steps"), initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True)
-    while not finished() and not _Stop.requested:
+    bar = tqdm(total=t.get("max_steps"), initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main)
+    while not finished() and not dist.any(_Stop.requested):  # a signal to one rank stops them all
         clock = time.perf_counter()
-        idx = sampler.next()  # (1)
+        idx = sampler.next()  # (1) this rank's prompts
         lr = lr0 * schedule(progress_of(state, t), cfg["optim"].get("warmup_ratio", 0.0))
-        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id)  # (2)-(7)
+        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist)  # (2)-(7)
+        row = dist.reduce_metrics(row)
         state["step"] += 1
-        state["train_time"] += time.perf_counter() - clock
+        state["train_time"] += dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all
         logger.log({"kind": "train", "step": state["step"], "train_time": state["train_time"], **row})  # (8)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{state['train_time']:.0f}s")
@@ -173,7 +186,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     bar.close()
     if not last or last["step"] != state["step"]:
         last = run_eval()
-    if _Stop.requested or t.get("checkpoint_at_end", True):
+    if dist.any(_Stop.requested) or t.get("checkpoint_at_end", True):
         save()
     if t.get("save_final"):
         backend.save_pretrained(str(run_dir / "final"))

@@ -3,7 +3,8 @@
 A backend supplies four hooks: ``forward_logprobs(mb)`` (with grad), ``ref_logprobs(mb)`` (no grad),
 ``backward(loss)`` and ``optimizer_step(lr) -> grad_norm``. ``Backend.update`` turns a step's kept
 rollouts into one (or ``ppo_epochs``) optimizer steps, accumulating gradients over micro-batches with the
-whole batch's normalisers, so micro-batching never changes the gradient.
+whole batch's normalisers, so micro-batching never changes the gradient. A data-parallel backend also
+overrides ``step_totals`` so that the normalisers are those of the step's batch over all ranks.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Backend:
     alg: dict
     micro_batch_size: int
     device: torch.device = torch.device("cpu")
+    collective_forward: bool = False  # True when every forward is a collective over ranks (ZeRO-3): ranks run them in lockstep
 
     def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -92,6 +94,11 @@ class Backend:
 
     def optimizer_step(self, lr: float) -> float:
         raise NotImplementedError
+
+    def step_totals(self, n_seqs: int, n_tokens: int) -> tuple[float, float]:
+        """The loss normalisers (sequences, loss tokens) of one optimizer step. A data-parallel backend that
+        averages gradients over ranks returns the totals over all ranks divided by the world size."""
+        return n_seqs, n_tokens
 
     def micro_batches(self, batch: TrainBatch, size: int | None = None):
         size = size or self.micro_batch_size
@@ -110,7 +117,7 @@ class Backend:
         eps_low = a["epsilon"]
         eps_high = a.get("epsilon_high") or eps_low
         beta = float(a.get("beta") or 0.0)
-        n_seqs, n_tokens = len(batch), int(batch.loss_mask.sum().item())
+        n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
         if a.get("ppo_epochs", 1) > 1 and batch.old_logprobs is None:
             batch.old_logprobs = self.policy_logprobs(batch)  # fixed behaviour policy across epochs
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}

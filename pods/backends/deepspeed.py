@@ -1,0 +1,200 @@
+"""Full fine-tuning over several processes with DeepSpeed ZeRO-3 (parameters, gradients and optimizer state
+partitioned over ranks) or ZeRO-2 (gradients and optimizer state partitioned; what the authors used).
+
+Launch: ``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...`` (or the ``deepspeed``
+launcher). The DeepSpeed config is generated from the Hydra config (``ds_config``): stage, bf16/fp32,
+gradient clipping = ``optim.max_grad_norm``, micro-batch, AdamW (``torch_adam`` on CPU); gradient
+checkpointing is HF's (``hardware.gradient_checkpointing``).
+
+Gradient accumulation belongs to the loop: ``Backend.update`` calls ``backward`` once per micro-batch with
+the step's normalisers and ``optimizer_step`` once, so DeepSpeed runs with ``gradient_accumulation_steps=1``
+(no rescaling of the loss) and ``managed_gradient_accumulation=false`` (``engine.step()`` is the boundary,
+whatever the number of micro-batches). DeepSpeed averages gradients over ranks; ``step_totals`` therefore
+returns the step's totals over all ranks / world, which makes the result exactly the gradient of the one
+big batch (also for ``token_mean``, where ranks hold different numbers of tokens). The learning rate is set
+by the loop before every step (no DeepSpeed scheduler), so the schedule never depends on accumulation.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from pods.backends.base import Backend, TrainBatch
+from pods.backends.local import LocalBackend
+from pods.models import load_policy
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in (extra or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def ds_config(cfg: dict) -> dict:
+    """The DeepSpeed config for this run (a plain dict; ``hardware.deepspeed.config`` is merged in last)."""
+    from pods.config import ConfigError
+
+    hw, o = cfg["hardware"], cfg["optim"]
+    d = hw.get("deepspeed") or {}
+    stage = int(d.get("stage", 3))
+    if stage not in (2, 3):
+        raise ConfigError(f"hardware.deepspeed.stage must be 2 or 3, got {stage}")
+    if hw.get("finetune") != "full":
+        raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA runs on one GPU: hardware=l40s_lora)")
+    if o["name"] != "adamw":
+        raise ConfigError(f"hardware.backend=deepspeed uses DeepSpeed's AdamW: optim.name must be 'adamw', got '{o['name']}'")
+    zero = {"stage": stage, "overlap_comm": bool(d.get("overlap_comm", False)), "contiguous_gradients": True}
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # save_pretrained gathers the full weights
+    for part in ("optimizer", "param"):
+        if d.get(f"offload_{part}"):
+            zero[f"offload_{part}"] = {"device": d[f"offload_{part}"], "pin_memory": True}
+    conf = {
+        "train_micro_batch_size_per_gpu": int(hw["micro_batch_size"]),
+        "gradient_accumulation_steps": 1,  # the loop accumulates (Backend.update): DeepSpeed must not rescale
+        "managed_gradient_accumulation": False,  # engine.step() is the accumulation boundary
+        "gradient_clipping": float(o.get("max_grad_norm") or 0.0),
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": float(o["lr"]), "betas": list(o["betas"]), "eps": float(o["eps"]), "weight_decay": float(o["weight_decay"]),
+            "torch_adam": bool(d.get("torch_adam", False)),
+        }},
+        "bf16": {"enabled": hw["dtype"] == "bfloat16"},
+        "fp16": {"enabled": hw["dtype"] == "float16"},
+        "zero_optimization": zero,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    return _merge(conf, d.get("config") or {})
+
+
+def _layer_of(name: str) -> str:
+    """The block a parameter belongs to: up to its first numeric component (``model.layers.3``), else its module."""
+    m = re.match(r"^(.*?\.\d+)\.", name)
+    return m.group(1) if m else name.rsplit(".", 1)[0]
+
+
+class DeepSpeedBackend(Backend):
+    _logprobs = LocalBackend._logprobs  # the same forward as one process
+
+    def __init__(self, model_dir: str, cfg: dict):
+        import deepspeed
+        from transformers.integrations import HfDeepSpeedConfig
+
+        hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
+        self.micro_batch_size = int(hw["micro_batch_size"])
+        self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.config = ds_config(cfg)
+        self.stage = self.config["zero_optimization"]["stage"]
+        self.collective_forward = self.stage == 3
+        if not torch.distributed.is_initialized():
+            raise RuntimeError("DeepSpeedBackend needs a process group: pods.distributed.init(hardware) creates it (hardware.dist_backend)")
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the group pods.distributed made
+        self.rank = torch.distributed.get_rank()
+        from deepspeed.accelerator import get_accelerator
+
+        self.device = torch.device(get_accelerator().current_device_name())
+        # Kept alive on purpose: from_pretrained then partitions weights while loading (ZeRO-3), and HF
+        # generate() keeps ranks in step (synced_gpus) when it runs on the partitioned module.
+        self._hf_ds_config = HfDeepSpeedConfig(self.config)
+        model = load_policy(model_dir, hw)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.config)
+        self.ref = self._reference(model_dir, hw) if float(self.alg.get("beta") or 0) > 0 else None
+
+    def _reference(self, model_dir: str, hw: dict):
+        """The frozen initial policy for the KL term: partitioned like the policy under ZeRO-3 (no optimizer)."""
+        import deepspeed
+
+        ref = load_policy(model_dir, {**hw, "gradient_checkpointing": False}).requires_grad_(False).eval()
+        if self.stage < 3:
+            return ref.to(self.device)
+        conf = {k: v for k, v in self.config.items() if k not in ("optimizer", "managed_gradient_accumulation", "gradient_clipping")}
+        return deepspeed.initialize(model=ref, config=conf)[0].eval()
+
+    @property
+    def policy(self):
+        """The HF module (partitioned under ZeRO-3: every forward gathers its layers from all ranks)."""
+        return self.engine.module
+
+    def step_totals(self, n_seqs: int, n_tokens: int) -> tuple[float, float]:
+        totals = torch.tensor([n_seqs, n_tokens], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(totals)
+        world = torch.distributed.get_world_size()
+        return float(totals[0]) / world, float(totals[1]) / world
+
+    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        self.engine.train()
+        return self._logprobs(self.engine, mb)
+
+    @torch.no_grad()
+    def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        return self._logprobs(self.ref, mb)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def optimizer_step(self, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.engine.step()  # reduces, clips to gradient_clipping, steps AdamW, zeroes the gradients
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def export_weights(self):
+        """Yield (HF name, full tensor) of the current policy for an engine's weight sync.
+
+        ZeRO-3: gathered one block (embedding, decoder layer, norm, head) at a time, never the whole model;
+        this is a collective, so every rank must consume the whole iterator. A tied head is yielded under both
+        names (``model.embed_tokens.weight`` and ``lm_head.weight``), as in ``state_dict()``.
+        """
+        module = self.engine.module
+        if self.stage < 3:
+            yield from module.state_dict().items()
+            return
+        import deepspeed
+
+        shared: dict[int, tuple[torch.nn.Parameter, list[str]]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            shared.setdefault(id(p), (p, []))[1].append(name)
+        blocks: dict[str, list] = {}
+        for p, names in shared.values():
+            blocks.setdefault(_layer_of(names[0]), []).append((p, names))
+        for block in blocks.values():
+            with deepspeed.zero.GatheredParameters([p for p, _ in block], modifier_rank=None):
+                out = [(name, p.data.detach().clone()) for p, names in block for name in names]
+            yield from out
+        persistent = set(module.state_dict(keep_vars=True))
+        for name, b in module.named_buffers():
+            if name in persistent:
+                yield name, b.detach().clone()
+
+    def save_sharded(self, directory: Path) -> None:
+        """Every rank writes its shard of the model and optimizer state into ``directory`` (collective)."""
+        directory = Path(directory)
+        self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False)
+
+    def load_sharded(self, directory: Path) -> None:
+        directory = Path(directory)
+        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name, load_optimizer_states=True, load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("the DeepSpeed state is sharded: pods.checkpoint calls save_sharded/load_sharded")
+
+    def load_state_dict(self, sd: dict) -> None:
+        raise NotImplementedError("the DeepSpeed state is sharded: pods.checkpoint calls save_sharded/load_sharded")
+
+    def save_pretrained(self, out_dir: str) -> None:
+        """A consolidated HF model directory (rank 0 writes; a collective under ZeRO-3)."""
+        if self.stage == 3:
+            sd = self.engine._zero3_consolidated_16bit_state_dict()  # gathered layer by layer onto rank 0's CPU
+        else:
+            sd = {k: v.cpu() for k, v in self.engine.module.state_dict().items()}
+        if self.rank == 0:
+            self.engine.module.save_pretrained(out_dir, state_dict=sd)
+        torch.distributed.barrier()
