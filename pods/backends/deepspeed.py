@@ -113,7 +113,9 @@ class DeepSpeedBackend(Backend):
         if self.stage < 3:
             return ref.to(self.device)
         conf = {k: v for k, v in self.config.items() if k not in ("optimizer", "managed_gradient_accumulation", "gradient_clipping")}
-        return deepspeed.initialize(model=ref, config=conf)[0].eval()
+        engine = deepspeed.initialize(model=ref, config=conf)[0]
+        engine.eval()
+        return engine
 
     @property
     def policy(self):
