@@ -39,3 +39,16 @@ test-slow: $(STAMP) ## the slow tests too (long end-to-end runs)
 
 clean-runs: ## delete local run directories (runs/, multirun/)
 	rm -rf runs multirun
+
+# ---- multi-process training: DeepSpeed ZeRO-2/3 over NPROC ranks (issue 6) ------------------------------
+# One run directory for all ranks (Hydra's ${now:...} is evaluated per process); 1 OpenMP thread per rank.
+NPROC ?= 2
+# HW: the hardware profile; an experiment file names its own, so none is forced when ARGS has experiment=
+HW ?= $(if $(findstring experiment=,$(ARGS)),,cpu_ddp2_zero3)
+ARGS ?=
+RUN_STAMP := $(shell date +%Y-%m-%d/%H-%M-%S)
+.PHONY: train-multi
+train-multi: $(STAMP) ## DeepSpeed over NPROC ranks (CPU default: 2 x cpu_ddp2_zero3); GPU: NPROC=8 ARGS="experiment=... seed=11"
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) -m pods.train $(if $(HW),hardware=$(HW)) $(ARGS) \
+		'hydra.run.dir=runs/$(RUN_STAMP)_$${algorithm.name}_n$${algorithm.n}_m$${algorithm.m}_x$(NPROC)'
+# ---- end multi-process training --------------------------------------------------------------------------

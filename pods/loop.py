@@ -76,10 +76,10 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
     t_score = time.perf_counter()
     kept = select(a["rule"], rewards, keep, generator=gen)  # (4) [G, keep], per prompt group
-    t_select = time.perf_counter()
     kept_rewards = rewards.gather(1, kept)
-    adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
     all_rewards, all_kept = dist.all_gather(rewards), dist.all_gather(kept_rewards)  # for logging: every rank's groups
+    t_select = time.perf_counter()
+    adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
     rows = (kept + torch.arange(G).unsqueeze(1) * n).flatten().tolist()
     batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id)
     if t.get("old_logprobs") == "sampler":

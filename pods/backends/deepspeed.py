@@ -90,6 +90,8 @@ class DeepSpeedBackend(Backend):
         self.config = ds_config(cfg)
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
+        if not hasattr(deepspeed.DeepSpeedEngine, "managed_gradient_accumulation"):  # added in 2026 (0.19.x)
+            raise RuntimeError(f"deepspeed {deepspeed.__version__} lacks managed_gradient_accumulation=false, which the exact micro-batch accumulation needs: install deepspeed>=0.19.8")
         if not torch.distributed.is_initialized():
             raise RuntimeError("DeepSpeedBackend needs a process group: pods.distributed.init(hardware) creates it (hardware.dist_backend)")
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the group pods.distributed made
