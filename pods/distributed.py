@@ -92,7 +92,9 @@ class Dist:
         remainder of ``len(items) / world`` is left out)."""
         if self.world == 1:
             return items
-        if lockstep:
+        if lockstep and len(items) % self.world:
+            if self.is_main:
+                print(f"[pods] evaluating {len(items) - len(items) % self.world} of {len(items)} test prompts: equal shards over {self.world} ranks (ZeRO-3 generation runs in lockstep)", flush=True)
             items = items[: len(items) - len(items) % self.world]
         return items[self.rank :: self.world]
 

@@ -4,7 +4,8 @@
   resumes from the sharded step-2 checkpoint and must end with the same weights as the uninterrupted run.
 - A worker (this file run under torchrun, ``worker()``) trains grpo_ga through ``pods.loop.train`` on a time
   budget (ranks must agree when to stop), applies two optimizer steps to a fixed batch split over the 2 ranks
-  (ZeRO-3, then ZeRO-2) that the test replays in one process with ``LocalBackend``, and pushes the exported
+  (ZeRO-3, ZeRO-2, ZeRO-3 with gradient checkpointing, ZeRO-3 bf16) that the test replays in one process with
+  ``LocalBackend``, and pushes the exported
   ZeRO-3 weights into the vLLM engine (one per rank) and compares log-probs.
 
 Each rank uses 1 torch thread (2 two-thread ranks on 2 cores run ~90x slower). The shm op DeepSpeed JIT-builds
@@ -28,6 +29,12 @@ EQUIV = ["algorithm=grpo_pods", "algorithm.loss_agg=token_mean", "algorithm.beta
 LRS = [1.0, 0.5]  # with AdamW eps=1 the first steps are ~ lr * gradient: a wrong gradient scale shows in the weights
 SMALL = ["algorithm.n=8", "algorithm.m=4", "train.prompts_per_step=1", "eval.max_examples=8", "eval.repeats=1", "sampling.max_tokens=10", "eval.max_tokens=10"]
 TOL_LOGP = 1e-4
+VARIANTS = {  # the 2-rank settings replayed in one process: ZeRO stage and extra overrides
+    "zero3": ["hardware.deepspeed.stage=3"],
+    "zero2": ["hardware.deepspeed.stage=2"],
+    "zero3_ckpt": ["hardware.deepspeed.stage=3", "hardware.gradient_checkpointing=true"],  # as on the GPU profiles
+    "zero3_bf16": ["hardware.deepspeed.stage=3", "hardware.dtype=bfloat16"],  # bf16 module, fp32 master weights
+}
 
 
 def _env() -> dict:
@@ -78,9 +85,9 @@ def worker(out: Path) -> None:
     dist = distributed.init(cfg["hardware"])
     # (b) two optimizer steps on a fixed batch, rank r holding rows [4r, 4r + 4), micro-batches of 2
     backends = {}
-    for stage in (3, 2):
-        c = compose(["hardware=cpu_ddp2_zero3", "hardware.micro_batch_size=2", f"hardware.deepspeed.stage={stage}", *EQUIV])
-        backend = backends[stage] = DeepSpeedBackend(tiny, c)
+    for name, overrides in VARIANTS.items():
+        c = compose(["hardware=cpu_ddp2_zero3", "hardware.micro_batch_size=2", *overrides, *EQUIV])
+        backend = backends[name] = DeepSpeedBackend(tiny, c)
         stats = []
         for step, lr in enumerate(LRS):
             batch = fixed_batch(step)
@@ -88,12 +95,12 @@ def worker(out: Path) -> None:
         weights = weights_of(backend)  # a collective under ZeRO-3: every rank iterates
         stats = [dist.reduce_metrics(s) for s in stats]
         if dist.is_main:
-            torch.save({"weights": weights, "stats": stats}, out / f"equiv_zero{stage}.pt")
+            torch.save({"weights": weights, "stats": stats}, out / f"equiv_{name}.pt")
     # (c) the ZeRO-3 export: the partitioned module's own log-probs, and a push into vLLM (last: see vllm_check)
-    lp, weights = backends[3].policy_logprobs(fixed_batch(7)), weights_of(backends[3])  # collectives
+    lp, weights = backends["zero3"].policy_logprobs(fixed_batch(7)), weights_of(backends["zero3"])  # collectives
     if dist.is_main:
         torch.save({"weights": weights, "logprobs": lp}, out / "export_zero3.pt")
-    results = {"vllm": vllm_check(backends[3], tiny, dist)}
+    results = {"vllm": vllm_check(backends["zero3"], tiny, dist)}
     if dist.is_main:
         (out / "worker.json").write_text(json.dumps(results))
 
@@ -241,24 +248,42 @@ def test_two_zero3_ranks_train_grpo_ga_on_a_time_budget(worker_run, tiny_dir):
     assert len([r for r in rows if r["kind"] == "eval"]) >= 2 and rows[-1]["kind"] == "eval"
 
 
-@pytest.mark.parametrize("stage", [3, 2])
-def test_two_rank_update_equals_the_single_process_update(worker_run, tiny_dir, stage):
-    """Same 8 sequences: 2 ranks x 4 (micro-batches of 2, DeepSpeed) vs 1 process x 8 (micro-batches of 3)."""
+@pytest.fixture(scope="module")
+def local_run(tiny_dir):
+    """The single-process reference: LocalBackend, float32, the whole 8-sequence batch in micro-batches of 3."""
     from conftest import compose
     from pods.backends.local import LocalBackend
 
-    ds = torch.load(worker_run / f"equiv_zero{stage}.pt", weights_only=False)
     local = LocalBackend(str(tiny_dir), compose(["hardware=cpu", "hardware.micro_batch_size=3", *EQUIV]))
     start = {k: v.clone() for k, v in local.model.state_dict().items()}
     stats = [local.update(fixed_batch(step), lr) for step, lr in enumerate(LRS)]
+    return start, local.model.state_dict(), stats
+
+
+@pytest.mark.parametrize("variant", ["zero3", "zero2", "zero3_ckpt"])
+def test_two_rank_update_equals_the_single_process_update(worker_run, local_run, variant):
+    """Same 8 sequences: 2 ranks x 4 (micro-batches of 2, DeepSpeed) vs 1 process x 8 (micro-batches of 3)."""
+    ds = torch.load(worker_run / f"equiv_{variant}.pt", weights_only=False)
+    start, after, stats = local_run
     for s_ds, s_local in zip(ds["stats"], stats):
         assert s_ds["grad_norm"] == pytest.approx(s_local["grad_norm"], rel=1e-5)  # pre-clip global norm: the gradient's scale
         assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=1e-5, abs=1e-7) and s_ds["kl"] == pytest.approx(s_local["kl"], rel=1e-5, abs=1e-7)
     assert stats[1]["kl"] > 0 and stats[0]["grad_norm"] > 1.0  # step 2 sees the reference; step 1 is clipped to max_grad_norm
-    after = local.model.state_dict()
     moved = max((after[k] - start[k]).abs().max().item() for k in after)
     diff = max((ds["weights"][k] - after[k]).abs().max().item() for k in after)
-    assert moved > 0.05 and diff < 2e-6, f"ZeRO-{stage}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
+    assert moved > 0.05 and diff < 2e-6, f"{variant}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
+
+
+def test_bf16_zero3_update_follows_the_float32_update(worker_run, local_run):
+    """bf16 forward/backward with fp32 master weights (the GPU profiles): the same step up to bf16 rounding."""
+    ds = torch.load(worker_run / "equiv_zero3_bf16.pt", weights_only=False)
+    start, after, stats = local_run
+    assert all(v.dtype == torch.bfloat16 for v in ds["weights"].values())
+    d_ds = torch.cat([(ds["weights"][k].float() - start[k]).flatten() for k in after])
+    d_local = torch.cat([(after[k] - start[k]).flatten() for k in after])
+    cos = torch.nn.functional.cosine_similarity(d_ds, d_local, dim=0).item()
+    assert cos > 0.98, cos
+    assert ds["stats"][0]["grad_norm"] == pytest.approx(stats[0]["grad_norm"], rel=0.05)
 
 
 def test_exported_zero3_weights_are_the_trained_model(worker_run, tiny_dir):
