@@ -43,16 +43,44 @@ class Score:
     formatted: bool
     extracted: str | None = None
     timed_out: bool = False
+    error: str | None = None  # why the score is zero when grading failed ("timed out after 5s", ...)
 
     @property
     def reward(self) -> float:
         return float(sum(self.terms.values()))
 
 
-def score_batch(completions: list[str], golds: list[str], recipe: str, grader: str) -> list[Score]:
-    """Score completions[i] against golds[i] with the named recipe and grader."""
+def score_batch(
+    completions: list[str], golds: list[str], recipe: str, grader: str, timeout_s: float | None = 5.0, workers: int | None = None
+) -> list[Score]:
+    """Score completions[i] against golds[i] with the named recipe and grader.
+
+    Each call runs in a grading worker process under a ``timeout_s`` deadline (pods.tasks.guard); a call
+    that times out or fails scores 0 on every term with ``timed_out``/``error`` set. ``timeout_s=None``
+    scores in this process with no time limit (debugging only: model text can hang sympy).
+    """
     recipe_fn, grade = RECIPES.get(recipe), GRADERS.get(grader)
-    return [recipe_fn(c, g, grade) for c, g in zip(completions, golds)]
+    if len(completions) != len(golds):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
+    if timeout_s is None or not completions:
+        return [recipe_fn(c, g, grade) for c, g in zip(completions, golds)]
+    from pods.tasks.guard import get_pool, sendable
+
+    if not (sendable(recipe_fn) and sendable(grade)):
+        import warnings
+
+        warnings.warn(f"recipe '{recipe}' or grader '{grader}' is not importable by name (a lambda, a closure, "
+                      f"defined in __main__): scoring in this process without a time limit", stacklevel=2)
+        return [recipe_fn(c, g, grade) for c, g in zip(completions, golds)]
+
+    results = get_pool(workers).map(recipe_fn, [(c, g, grade) for c, g in zip(completions, golds)], timeout_s)
+    return [r.value if r.status == "ok" else zero_score(recipe_fn, r.status == "timeout", str(r.value)) for r in results]
+
+
+def zero_score(recipe_fn: Callable, timed_out: bool, error: str) -> Score:
+    """All of the recipe's terms at 0 (the term names come from scoring an empty completion)."""
+    terms = recipe_fn("", "", lambda completion, gold: (False, None)).terms
+    return Score(terms={k: 0.0 for k in terms}, correct=False, formatted=False, timed_out=timed_out, error=error)
 
 
 def encode_prompts(examples: list[Example], tokenizer, max_prompt_length: int | None) -> tuple[list[list[int]], list[Example], int]:

@@ -1,0 +1,196 @@
+"""Graders on a table of tricky answer formats, normalisation, reward recipes by hand, prompt formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from pods.tasks import GRADERS, RECIPES, score_batch
+from pods.tasks.extract import answer_block, last_number, normalize
+from pods.tasks.prompts import PROMPTS
+from pods.tasks.recipes import pods_formatted, r1_formatted, think_answer_span
+
+# (gold, completion, lenient, math_verify, boxed). lenient = string equality after MATH-style
+# normalisation (so 1/2 = \frac{1}{2} = 0.5, but 2/4 and 0.25 = \frac14 are not claimed); math_verify and
+# boxed add math-verify's symbolic equivalence; boxed gives no credit without a \boxed{}.
+TABLE = [
+    ("18", "<answer>18</answer>", True, True, False),
+    ("18", "The answer is 18.0", True, True, False),
+    ("18", r"\boxed{18.00}", True, True, True),
+    ("18", r"\boxed{\$18}", True, True, True),
+    ("18", "<answer>$18</answer>", True, True, False),
+    ("18", "<answer>\n\\$18.00\n</answer>", True, True, False),
+    ("18", "<answer>18 dollars</answer>", True, True, False),
+    ("18", r"\boxed{18 \text{ dollars}}", True, True, True),
+    ("18", "#### 18", True, True, False),
+    ("18", r"\boxed{17}", False, False, False),
+    ("18", "<answer>18</answer> hmm, or 19", True, True, False),
+    ("18", "18", True, True, False),
+    ("18", "", False, False, False),
+    ("1800", "<answer>1,800</answer>", True, True, False),
+    ("1800", r"\boxed{1,800}", True, True, True),
+    ("-3", r"\boxed{-3}", True, True, True),
+    ("-3", r"\boxed{3}", False, False, False),
+    ("0.5", r"\boxed{\frac{1}{2}}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{1/2}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{0.5}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{0.50}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{\dfrac12}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{\tfrac{1}{2}}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{2/4}", False, True, True),
+    (r"\frac{1}{4}", r"\boxed{0.25}", False, True, True),
+    (r"\frac{1}{6}", r"\boxed{\frac{1}{2}}", False, False, False),
+    (r"\frac{\frac{1}{2}}{3}", r"\boxed{\frac{\frac{1}{2}}{3}}", True, True, True),
+    (r"\sqrt{2}", r"\boxed{\sqrt2}", True, True, True),
+    (r"\sqrt{2}", r"\boxed{2^{1/2}}", False, True, True),
+    (r"3\sqrt{2}", r"\boxed{\sqrt{18}}", False, True, True),
+    (r"\frac{\sqrt{3}}{2}", r"\boxed{\frac{\sqrt3}{2}}", True, True, True),
+    ("x^2+1", r"\boxed{1+x^2}", False, True, True),
+    ("(1,2)", r"\boxed{(1, 2)}", True, True, True),
+    ("[-2, 7)", r"\boxed{[-2,7)}", True, True, True),
+    ("[-2, 7)", r"\boxed{(-2,7)}", False, False, False),
+    (r"90^\circ", r"\boxed{90}", True, True, True),
+    (r"10\%", r"\boxed{10}", True, True, True),
+    (r"\pi", r"\boxed{\pi}", True, True, True),
+    (r"\text{(B)}", r"\boxed{\text{(B)}}", True, True, True),
+    (r"\text{Monday}", r"\boxed{Monday}", True, True, True),
+    ("52_8", r"\boxed{52_8}", True, True, True),
+    ("52_8", r"\boxed{52_9}", False, False, False),  # math-verify alone would drop the base subscript
+    ("7", r"\fbox{7}", True, True, True),
+    ("18", "<think>a</think><answer>\\boxed{18}</answer>", True, True, True),
+    ("5", "the answer is $5$.", True, True, False),
+]
+
+
+@pytest.mark.parametrize("column,grader", [(2, "lenient"), (3, "math_verify"), (4, "boxed")])
+@pytest.mark.parametrize("row", TABLE, ids=[f"{g}|{c[:24]}" for g, c, *_ in TABLE])
+def test_tricky_formats(row, column, grader):
+    gold, completion = row[0], row[1]
+    correct, extracted = GRADERS.get(grader)(completion, gold)
+    assert correct is row[column], f"{grader}({completion!r}, gold={gold!r}) -> {correct}, extracted {extracted!r}"
+
+
+def test_tricky_table_through_the_worker_pool_agrees():
+    for column, grader in [(2, "lenient"), (3, "math_verify"), (4, "boxed")]:
+        scores = score_batch([r[1] for r in TABLE], [r[0] for r in TABLE], "correctness", grader)
+        assert [s.correct for s in scores] == [r[column] for r in TABLE]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("18", "18"), ("18.0", "18"), ("18.00", "18"), ("$18", "18"), ("\\$18", "18"), ("1,000", "1000"), ("1,\\!000", "1000"),
+    ("1,2", "1,2"), ("0.5", "\\frac{1}{2}"), ("\\dfrac12", "\\frac{1}{2}"), ("x = 5", "5"), ("\\text{Devon}", "devon"),
+    ("30^\\circ", "30"), ("5\\%", "5"), ("\\left( 1, 2 \\right)", "(1,2)"), ("-0.0", "0"),
+])
+def test_normalize(text, expected):
+    assert normalize(text) == expected
+
+
+def test_extractors():
+    assert answer_block("<think>x</think><answer> 42 </answer>") == "42"
+    assert answer_block("<answer>1</answer> then <answer>2 (cut off") == "2 (cut off"
+    assert answer_block("no tags") is None
+    assert last_number("costs $1,234.50, then -7.") == "-7"
+    assert last_number("costs $1,234.50.") == "1234.50"
+    assert last_number("none") is None
+
+
+# ---- reward recipes, by hand -------------------------------------------------------------------------
+
+RIGHT = lambda completion, gold: (True, gold)  # noqa: E731 - stand-in graders
+WRONG = lambda completion, gold: (False, None)  # noqa: E731
+GOOD = "<think>\nreason\n</think>\n<answer>\n18\n</answer>"
+
+
+def test_think_answer_span_equals_the_authors_greedy_regex():
+    import random
+    import re
+
+    pattern = re.compile(r"<think>.*</think>[ \n]?<answer>.*</answer>", re.DOTALL)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "x", "  "]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        m = pattern.search(text)
+        assert think_answer_span(text) == (m.span() if m else None), text
+
+
+def test_r1_formatted_equals_open_r1s_regex():
+    import random
+    import re
+
+    pattern = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+    pieces = ["<think>\n", "\n</think>\n", "<answer>\n", "\n<answer>\n", "\n</answer>", "\n", "x", "</think>", "<think>"]
+    rng = random.Random(1)
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        assert r1_formatted(text) == (pattern.match(text) is not None), repr(text)
+
+
+def test_pods_release():
+    r = RECIPES.get("pods_release")
+    assert r(GOOD, "18", RIGHT).terms == {"correct": 1.0, "format": 0.0, "tags": 0.0}  # bonuses only when wrong
+    s = r(GOOD, "18", WRONG)
+    assert s.terms == {"correct": 0.0, "format": pytest.approx(0.1), "tags": pytest.approx(0.1)} and s.formatted
+    s = r("Sure! " + GOOD + " done", "18", WRONG)  # 11 characters outside the match
+    assert s.terms["format"] == pytest.approx(0.1 - 0.011) and not s.formatted
+    assert r("x" * 500 + GOOD, "18", WRONG).terms["format"] == 0.0  # clipped at 0, never negative
+    assert r("<think><think></think>", "18", WRONG).terms == {"correct": 0.0, "format": 0.0, "tags": pytest.approx(0.025)}
+
+
+def test_pods_head():
+    r = RECIPES.get("pods_head")
+    s = r(GOOD, "18", RIGHT)
+    assert s.reward == pytest.approx(1.0 + 0.01 + 4 * 0.0025) and s.formatted
+    assert r("ab" + GOOD, "18", WRONG).terms["format"] == pytest.approx(0.01 * (1 - 0.02))
+    assert r("plain 18", "18", RIGHT).terms == {"correct": 1.0, "format": 0.0, "tags": 0.0}
+
+
+def test_open_r1():
+    r = RECIPES.get("open_r1")
+    s = r(GOOD, "18", RIGHT)
+    assert s.terms == {"accuracy": 1.0, "format": 1.0, "tags": 1.0} and s.formatted and s.reward == 3.0
+    s = r("<think>reason</think><answer>18</answer>", "18", RIGHT)  # no newlines: open-r1 gives neither
+    assert s.terms == {"accuracy": 1.0, "format": 0.0, "tags": 0.0} and not s.formatted
+    assert r("<think>\nx\n</think>\n", "18", WRONG).terms == {"accuracy": 0.0, "format": 0.0, "tags": 0.5}
+
+
+def test_correctness_and_formatted():
+    assert RECIPES.get("correctness")(GOOD, "18", RIGHT).terms == {"correct": 1.0}
+    assert pods_formatted("\n" + GOOD + " \n") and not pods_formatted("hi " + GOOD)
+
+
+def test_score_batch_in_process_and_in_workers_agree():
+    completions = [GOOD, "<think>x</think> <answer>17</answer>", "\\boxed{18}", "nothing"]
+    for recipe in ["pods_release", "pods_head", "open_r1", "correctness"]:
+        a = score_batch(completions, ["18"] * 4, recipe, "lenient", timeout_s=None)
+        b = score_batch(completions, ["18"] * 4, recipe, "lenient")
+        assert a == b
+
+
+# ---- prompt formats ----------------------------------------------------------------------------------
+
+
+def test_prompt_formats():
+    assert PROMPTS.names() == ["open_r1", "pods_base", "pods_instruct", "question"]
+    messages, text = PROMPTS.get("pods_instruct")("What is 2+2?")
+    assert text is None and messages[1] == {"role": "user", "content": "What is 2+2?"}
+    assert "correct your own mistakes" in messages[0]["content"] and "<answer>\nAnswer here.\n</answer>" in messages[0]["content"]
+    messages, text = PROMPTS.get("pods_base")("What is 2+2?")
+    assert text.endswith("Problem: What is 2+2?\nSolution: ") and "<think>" in text
+    messages, _ = PROMPTS.get("open_r1")("q")
+    assert messages[0]["content"].endswith("<think>\n...\n</think>\n<answer>\n...\n</answer>")
+    with pytest.raises(ValueError, match="unknown prompt format 'nope'; valid: open_r1, pods_base"):
+        PROMPTS.get("nope")
+
+
+def test_dataset_yamls_name_registered_options():
+    from pathlib import Path
+
+    import yaml
+
+    from pods.tasks import DATASETS
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "conf" / "dataset").glob("*.yaml")):
+        cfg = yaml.safe_load(path.read_text())
+        assert cfg["name"] in DATASETS and cfg["recipe"] in RECIPES and cfg["grader"] in GRADERS, path.name
+        if "prompt_format" in cfg:
+            assert cfg["prompt_format"] in PROMPTS, path.name
