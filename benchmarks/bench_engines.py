@@ -1,0 +1,132 @@
+"""Benchmark the rollout engines on the tiny model (CPU): vLLM start time, generation throughput of the
+HF engine vs vLLM, and the time of one vLLM weight sync (full fine-tuning and LoRA).
+
+Run: ``python benchmarks/bench_engines.py [repeats]`` (CPU, about 2 min; 2 torch threads, the training
+setting). Writes ``results/bench/engines.csv`` and prints it. Medians over ``repeats`` (default 7),
+the two engines interleaved repeat by repeat so that load from other processes hits both alike.
+
+- start: ``VLLMEngine(...)`` construction, in-process (the default); the first one includes
+  ``import vllm``, the next ones (after ``close()``) do not. One multi-process start (vLLM's engine-core
+  process, ``rollout.multiprocessing=true``) for comparison.
+- throughput: completion tokens (stop token included) per second of ``engine.generate`` for G = 4
+  toy-task prompts x n rollouts, T = 1, max_tokens = 12 (the CPU configs' settings: the tiny model
+  answers in about 6 tokens, so these are short sequences and per-call overhead counts).
+- sync: ``engine.load_weights(backend.export_weights())`` after a real optimizer step: full = every
+  tensor; lora = merge -> push -> unmerge (the backend's merge and unmerge are inside the timing).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script without installing the package
+sys.path.insert(0, str(ROOT / "tests"))
+
+OUT = ROOT / "results" / "bench" / "engines.csv"
+REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.25"]
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    import torch
+
+    from conftest import compose
+    from pods.backends import build_batch
+    from pods.backends.local import LocalBackend
+    from pods.engines import ENGINES, Sampling
+    from pods.engines.hf import HFEngine
+    from pods.models import load_tokenizer
+    from pods.tasks import DATASETS, encode_prompts
+    from pods.tiny import ensure_tiny
+
+    torch.set_num_threads(2)
+    tiny = ensure_tiny()
+    tok = load_tokenizer(str(tiny))
+    prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:4], tok, None)[0]
+    rows = []
+
+    def row(metric, engine, setting, values, unit):
+        rows.append({"metric": metric, "engine": engine, "setting": setting, "median": round(statistics.median(values), 4),
+                     "min": round(min(values), 4), "unit": unit, "repeats": len(values)})
+
+    # start
+    cfg = compose(ENGINE)
+    first, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
+    row("start", "vllm", "in-process, first (incl. import vllm)", [first], "s")
+    starts = []
+    for _ in range(3):
+        eng.close()
+        t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
+        starts.append(t)
+    row("start", "vllm", "in-process, later", starts, "s")
+
+    # throughput: HF engine (the live policy) vs vLLM, same weights
+    backend = LocalBackend(str(tiny), cfg)
+    eng.load_weights(backend.export_weights())
+    hf = HFEngine(tiny, tok, {"max_batch": 256}, policy=backend.policy)
+    sampling = Sampling(temperature=1.0, max_tokens=12)
+    for n in (16, 64):
+        rates = {"hf": [], "vllm": []}
+        for e in (hf, eng):
+            e.generate(prompts, n, sampling)  # warm-up
+        for _ in range(REPEATS):
+            for name, e in (("hf", hf), ("vllm", eng)):
+                t, ro = timed(lambda: e.generate(prompts, n, sampling))
+                rates[name].append(ro.num_tokens / t)
+        for name, r in rates.items():
+            row("tokens_per_s", name, f"G={len(prompts)} n={n} max_tokens=12", r, "tok/s")
+
+    # sync after a real optimizer step
+    for finetune in ("full", "lora"):
+        be = LocalBackend(str(tiny), compose([*ENGINE, f"hardware.finetune={finetune}"]))
+        ro = eng.generate(prompts, 4, sampling)
+        batch = build_batch([p for p in prompts for _ in range(4)], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
+        be.update(batch, lr=1e-3)
+        times = []
+        for _ in range(REPEATS + 1):
+            eng.load_weights(be.export_weights())
+            times.append(eng.last_sync_s * 1e3)
+        row("sync", "vllm", f"{finetune}, in-process", times[1:], "ms")
+    eng.close()
+
+    # multi-process engine (vLLM's engine-core process): start and sync over RPC
+    mp = compose([*ENGINE, "rollout.multiprocessing=true"])
+    t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp["rollout"]))
+    row("start", "vllm", "multi-process", [t], "s")
+    times = []
+    for _ in range(REPEATS + 1):
+        eng.load_weights(backend.export_weights())
+        times.append(eng.last_sync_s * 1e3)
+    row("sync", "vllm", "full, multi-process (safetensors over RPC)", times[1:], "ms")
+    eng.close()
+
+    params = sum(p.numel() for p in backend.policy.parameters())
+    for r in rows:
+        r["model"] = f"tiny ({params / 1e6:.2f}M params, fp32)"
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with OUT.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(OUT.read_text(), end="")
+
+
+if __name__ == "__main__":  # vLLM may spawn processes: keep the guard
+    main()
