@@ -54,3 +54,89 @@ def plot_accuracy_vs_time(rows: list[dict], path: str | Path, title: str = "") -
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# ---- mean +- 1.96 standard errors across seeds on a common time grid (the paper's figures) -------------------
+
+CURVE_FIELDS = ["source", "label", "time", "mean", "lo", "hi", "se", "runs"]
+
+
+def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str = "ours") -> list[dict]:
+    """Per label: the mean accuracy over its runs at each grid time, with a 1.96 standard-error band.
+
+    ``rows`` are ``eval_rows``-style dicts (label, run_dir, train_time, accuracy). Each run's curve is linearly
+    interpolated onto the grid; a grid time outside a run's evaluated span is left out for that run (never
+    extrapolated), so ``runs`` says how many seeds a point averages. Default grid: 0 to the latest evaluation,
+    spaced by the median gap between consecutive evaluations. A run evaluated twice at the same time (a resumed
+    run's repeat of its final evaluation) counts once, with its last value.
+    """
+    import numpy as np
+
+    curves: dict[str, dict[str, dict[float, float]]] = {}
+    for r in rows:
+        if r.get("accuracy") is not None and r.get("train_time") is not None:
+            curves.setdefault(r["label"], {}).setdefault(r["run_dir"], {})[float(r["train_time"])] = float(r["accuracy"])
+    if grid is None:
+        gaps = [b - a for runs in curves.values() for pts in runs.values() for a, b in zip(sorted(pts), sorted(pts)[1:])]
+        end = max((t for runs in curves.values() for pts in runs.values() for t in pts), default=0.0)
+        step = float(np.median(gaps)) if gaps else max(end, 1.0)
+        grid = list(np.arange(0.0, end + step / 2, step))
+    out = []
+    for label, runs in curves.items():
+        for t in grid:
+            ys = [float(np.interp(t, sorted(p), [p[k] for k in sorted(p)])) for p in runs.values() if min(p) <= t <= max(p) + 1e-9]
+            if not ys:
+                continue
+            se = float(np.std(ys, ddof=1) / np.sqrt(len(ys))) if len(ys) > 1 else 0.0
+            mean = float(np.mean(ys))
+            out.append({"source": source, "label": label, "time": float(t), "mean": mean, "lo": mean - 1.96 * se, "hi": mean + 1.96 * se, "se": se, "runs": len(ys)})
+    return out
+
+
+def write_curves_csv(curves: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
+        w.writeheader()
+        w.writerows(curves)
+    return path
+
+
+def plot_mean_curves(curves: list[dict], path: str | Path, title: str = "", time_unit: str = "s", ylabel: str = "test accuracy") -> Path:
+    """Mean lines with shaded 1.96-SE bands; the same label in another ``source`` (e.g. the authors') is dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = {"s": 1.0, "min": 60.0, "h": 3600.0}[time_unit]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    labels = list(dict.fromkeys(c["label"] for c in curves))
+    sources = list(dict.fromkeys(c["source"] for c in curves))
+    for i, label in enumerate(labels):
+        for j, source in enumerate(sources):
+            pts = sorted((c["time"] / scale, c["mean"], c["lo"], c["hi"], c["runs"]) for c in curves if c["label"] == label and c["source"] == source)
+            if not pts:
+                continue
+            t, m, lo, hi, k = zip(*pts)
+            name = label if sources == ["ours"] else f"{label} ({source}, {max(k)} runs)"
+            ax.plot(t, m, color=f"C{i}", ls="-" if j == 0 else "--", marker="o" if j == 0 else None, ms=3, label=name)
+            ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2 if j == 0 else 0.08, lw=0)
+    ax.set_xlabel(f"training wall-clock ({time_unit}, evaluation excluded)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def time_to_reach(curves: list[dict], label: str, target: float, source: str = "ours") -> float | None:
+    """The first grid time at which ``label``'s mean curve reaches ``target`` (None if it never does)."""
+    pts = sorted((c["time"], c["mean"]) for c in curves if c["label"] == label and c["source"] == source)
+    return next((t for t, m in pts if m >= target), None)

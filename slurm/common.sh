@@ -1,0 +1,59 @@
+# Sourced by the slurm/*.sbatch scripts: the run's environment, its run directory, and pre-emption handling.
+# Not a job script itself. Every setting comes from the environment (PODS_*), never from a user path.
+
+pods_setup() {
+    # The repository to run in: PODS_ROOT, else where sbatch was called (the scripts are run from a spool copy).
+    PODS_ROOT=${PODS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+    cd "$PODS_ROOT" || { echo "[pods] PODS_ROOT=$PODS_ROOT is not a directory" >&2; exit 2; }
+    if [ -n "${PODS_SETUP:-}" ]; then eval "$PODS_SETUP"; fi  # e.g. "module load cuda/12.4; source venv/bin/activate"
+    if [ -z "${PODS_PYTHON:-}" ]; then
+        if [ -x .venv/bin/python ]; then PODS_PYTHON=.venv/bin/python; else PODS_PYTHON=python3; fi
+    fi
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+    export TOKENIZERS_PARALLELISM=false
+    # One run directory per job (array task), stable across requeues: the job id does not change.
+    local id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}
+    PODS_RUN_DIR=${PODS_RUN_DIR:-runs/slurm/${SLURM_JOB_NAME:-pods}_${id:-${SLURM_JOB_ID:-local}}}
+    # Array jobs without an explicit seed=...: the array index is the seed (sbatch --array=1-10 ...).
+    PODS_SEED_ARG=()
+    if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then PODS_SEED_ARG=("seed=${SLURM_ARRAY_TASK_ID}"); fi
+    # No GPU visible (a CPU node, or the local test cluster): run on CPU unless PODS_CPU_FALLBACK=0.
+    PODS_DEVICE_ARG=()
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        PODS_GPUS=$(nvidia-smi -L | wc -l)
+        nvidia-smi -L
+    else
+        PODS_GPUS=0
+        if [ "${PODS_CPU_FALLBACK:-1}" = 0 ]; then echo "[pods] no GPU visible and PODS_CPU_FALLBACK=0" >&2; exit 2; fi
+        echo "[pods] no GPU visible: running on CPU (hardware.device=cpu). Only small (e.g. *_cpu) experiments make sense here."
+        PODS_DEVICE_ARG=("hardware.device=cpu")
+    fi
+    echo "[pods] job ${SLURM_JOB_ID:-none} on $(hostname) in $PODS_ROOT, run directory $PODS_RUN_DIR, restart ${SLURM_RESTART_COUNT:-0}"
+}
+
+# pods_run FORWARD CMD...: run CMD in the background and wait for it. On SIGUSR1 (sbatch --signal=B:USR1@...:
+# the time limit is near) call FORWARD (which passes SIGUSR1 on to the training processes: they checkpoint and
+# exit), then requeue this job, which resumes from the checkpoint (the command has train.resume=auto).
+# On SIGTERM (pre-emption by the scheduler, scancel) pass it on and wait: the run checkpoints on SIGTERM too.
+pods_run() {
+    local forward=$1
+    shift
+    PODS_PREEMPTED=0
+    PODS_CHILD=
+    trap 'PODS_PREEMPTED=1; echo "[pods] SIGUSR1: time limit near, asking the run to checkpoint"; $forward' USR1
+    trap 'echo "[pods] SIGTERM: passing it on"; kill -TERM "$PODS_CHILD" 2>/dev/null' TERM
+    "$@" &
+    PODS_CHILD=$!
+    local rc=0
+    while true; do
+        wait "$PODS_CHILD"
+        rc=$?
+        kill -0 "$PODS_CHILD" 2>/dev/null || break  # wait returned because of a trapped signal: keep waiting
+    done
+    trap - USR1 TERM
+    if [ "$PODS_PREEMPTED" = 1 ] && [ "$rc" = 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+        echo "[pods] checkpointed; requeueing job $SLURM_JOB_ID to continue"
+        scontrol requeue "$SLURM_JOB_ID"
+    fi
+    return "$rc"
+}
