@@ -21,6 +21,7 @@ def _gold(record: dict, where: str) -> str:
 
 
 @DATASETS.register("gsm8k")
+@DATASETS.register("gsm8k_open_r1")  # the same data; conf/dataset/gsm8k_open_r1.yaml changes prompt and reward
 def build_gsm8k(cfg: dict) -> TaskData:
     splits, sources = {}, {}
     for split in ("train", "test"):

@@ -70,7 +70,7 @@ def load_hub(hub: dict, split: str, name: str) -> list[dict]:
     offline = any(os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     import datasets
 
-    if offline and not datasets.config.HF_HUB_OFFLINE:
+    if offline and not getattr(datasets.config, "HF_HUB_OFFLINE", False):
         # set after `datasets` was imported: it would still try the network (and retry for ~20 s)
         raise ValueError(_offline_help(name, hub_id, split, "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"))
     if not offline and not _hub_reachable():
