@@ -19,6 +19,7 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 PENDING = {  # config options other open issues provide
     "dataset/gsm8k.yaml": "issue 4 (GSM8K/MATH tasks)",
+    "dataset/gsm8k_open_r1.yaml": "issue 4 (GSM8K/MATH tasks)",
     "dataset/math.yaml": "issue 4 (GSM8K/MATH tasks)",
     "hardware/h100x8_zero3.yaml": "issue 6 (DeepSpeed backend)",
     "hardware/a100x8_zero3.yaml": "issue 6 (DeepSpeed backend)",
@@ -40,22 +41,26 @@ L40S = {  # single L40S, LoRA on a 4-bit base, 1 prompt per step, 6 h, eval of t
 QWEN3B, QWEN7B, LLAMA3B = "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"
 GRPO = {"algorithm.name": "grpo", "algorithm.rule": "all", "algorithm.grad_accum": False}
 PODS = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algorithm.grad_accum": False}
+RELEASE = {"dataset.prompt_format": "pods_instruct", "dataset.grader": "lenient"}  # the published Qwen runs' prompt and grader
+GSM8K = {**RELEASE, "dataset.name": "gsm8k", "dataset.recipe": "pods_release"}  # correctness + format bonus when wrong
+MATH = {**RELEASE, "dataset.name": "math", "dataset.recipe": "correctness"}  # MATH: correctness only
 LLAMA = {"model.path": LLAMA3B, "algorithm.beta": 0.04, "train.time_budget_s": 5400, "train.checkpoint_every_s": 600, "eval.every_s": 600}
 X8 = {  # 8 GPUs, full fine-tuning, 40 min, eval every 2 min of training time on the full GSM8K test set
     "model.quantization": None, "hardware.finetune": "full", "hardware.dtype": "bfloat16", "hardware.gradient_checkpointing": True,
     "rollout.name": "vllm", "optim.lr": 2e-5, "optim.schedule": "cosine", "optim.warmup_ratio": 0.1,
     "sampling.temperature": 0.9, "sampling.max_tokens": 1024, "algorithm.beta": 0.0, "algorithm.epsilon": 0.2,
-    "train.time_budget_s": 40 * 60, "eval.every_s": 120, "eval.max_examples": None, "dataset.name": "gsm8k",
+    "train.time_budget_s": 40 * 60, "eval.every_s": 120, "eval.max_examples": None, "dataset.name": "gsm8k_open_r1",
+    "dataset.recipe": "open_r1", "dataset.grader": "math_verify", "dataset.prompt_format": "open_r1",  # open-r1 style
     "hardware.micro_batch_size": 32,  # the per-GPU memory limit: GRPO-GA accumulates 16 x 32, PODS 4 x 32
 }
 GA_32 = {"algorithm.name": "grpo_ga", "algorithm.grad_accum": True, "algorithm.n": 32, "algorithm.m": 32, "train.prompts_per_step": 16}
 PODS_128_32 = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algorithm.n": 128, "algorithm.m": 32, "train.prompts_per_step": 4}
 
 PAPER = {
-    "gsm8k_qwen3b_grpo_16_16_l40s": {**L40S, **GRPO, "model.path": QWEN3B, "dataset.name": "gsm8k", "algorithm.n": 16, "algorithm.m": 16},
-    "gsm8k_qwen3b_pods_64_16_l40s": {**L40S, **PODS, "model.path": QWEN3B, "dataset.name": "gsm8k", "algorithm.n": 64, "algorithm.m": 16},
-    "math_qwen3b_grpo_8_8_l40s": {**L40S, **GRPO, "model.path": QWEN3B, "dataset.name": "math", "algorithm.n": 8, "algorithm.m": 8},
-    "math_qwen3b_pods_32_8_l40s": {**L40S, **PODS, "model.path": QWEN3B, "dataset.name": "math", "algorithm.n": 32, "algorithm.m": 8},
+    "gsm8k_qwen3b_grpo_16_16_l40s": {**L40S, **GRPO, **GSM8K, "model.path": QWEN3B, "algorithm.n": 16, "algorithm.m": 16},
+    "gsm8k_qwen3b_pods_64_16_l40s": {**L40S, **PODS, **GSM8K, "model.path": QWEN3B, "algorithm.n": 64, "algorithm.m": 16},
+    "math_qwen3b_grpo_8_8_l40s": {**L40S, **GRPO, **MATH, "model.path": QWEN3B, "algorithm.n": 8, "algorithm.m": 8},
+    "math_qwen3b_pods_32_8_l40s": {**L40S, **PODS, **MATH, "model.path": QWEN3B, "algorithm.n": 32, "algorithm.m": 8},
     "gsm8k_llama3b_grpo_16_16_l40s": {**L40S, **GRPO, **LLAMA, "dataset.name": "gsm8k", "algorithm.n": 16, "algorithm.m": 16},
     "gsm8k_llama3b_pods_64_16_l40s": {**L40S, **PODS, **LLAMA, "dataset.name": "gsm8k", "algorithm.n": 64, "algorithm.m": 16},
     "gsm8k_qwen3b_grpo_ga_h100x8": {**X8, **GA_32, "model.path": QWEN3B, "hardware.name": "h100x8_zero3"},
