@@ -54,6 +54,11 @@ def validate(cfg: dict) -> None:
     _name(BACKENDS, hw["backend"], "hardware.backend")
     _need(hw["finetune"] in ("lora", "full"), f"hardware.finetune must be 'lora' or 'full', got '{hw['finetune']}'")
     _need(int(hw["micro_batch_size"]) >= 1, "hardware.micro_batch_size must be >= 1")
+    quant = cfg["model"].get("quantization")
+    _need(quant in (None, "4bit"), f"model.quantization must be null or '4bit', got '{quant}'")
+    if quant:
+        _need(hw["finetune"] == "lora", "model.quantization=4bit trains a LoRA adapter on a frozen 4-bit base: set hardware.finetune=lora")
+        _need(str(hw.get("device", "cpu")).startswith("cuda"), "model.quantization=4bit needs bitsandbytes on a CUDA device (hardware.device=cuda); use model.quantization=null on CPU")
     _name(OPTIMIZERS, cfg["optim"]["name"], "optim.name")
     _name(SCHEDULES, cfg["optim"]["schedule"], "optim.schedule")
     _need(cfg["optim"]["lr"] > 0, "optim.lr must be > 0")

@@ -15,7 +15,7 @@ def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: dict, ds
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ro = engine.generate(prompt_ids, ev["repeats"], sampling, progress=True)
-    scores = score_batch(ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"])
+    scores = score_batch(ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))
     k = len(scores)
     return {
         "accuracy": sum(s.correct for s in scores) / k,

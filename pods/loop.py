@@ -72,7 +72,7 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     clock = time.perf_counter()
     ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"]))  # (2)
     t_gen = time.perf_counter()
-    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"])  # (3)
+    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))  # (3)
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
     t_score = time.perf_counter()
     kept = select(a["rule"], rewards, keep, generator=gen)  # (4) [G, keep], per prompt group

@@ -82,12 +82,20 @@ def load_tokenizer(model_dir: str):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(model_dir: str, hw: dict, **kwargs):
-    """from_pretrained with the hardware profile's dtype; a clear message when the hub is unreachable."""
+def load_policy(model_dir: str, hw: dict, quantization: str | None = None, **kwargs):
+    """from_pretrained with the hardware profile's dtype (and an optional 4-bit NF4 base for LoRA, as the
+    authors' single-GPU runs); a clear message when the hub is unreachable."""
     from transformers import AutoModelForCausalLM
 
     if hw["dtype"] not in DTYPES:
         raise ValueError(f"hardware.dtype '{hw['dtype']}' unknown; valid: {', '.join(DTYPES)}")
+    if quantization == "4bit":
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=DTYPES[hw["dtype"]]
+        )
+        kwargs["device_map"] = {"": hw.get("device", "cuda")}
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[hw["dtype"]], **kwargs)
     except OSError as e:

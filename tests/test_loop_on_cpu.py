@@ -138,7 +138,7 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 def test_every_experiment_runs_two_tiny_steps(exp, tiny_dir, tmp_path):
     """Each experiment's algorithm settings run for real on the tiny model (model/data/hardware swapped to CPU)."""
     cfg = compose([f"experiment={exp}"])
-    tiny = shrink(compose([f"experiment={exp}", "model=tiny", "dataset=toy_arith", "hardware=cpu", "rollout=hf", "logger=none"]), steps=2)
+    tiny = shrink(compose([f"experiment={exp}", "model=tiny", "dataset=toy_arith", "hardware=cpu", "rollout=hf", "logger=none", "model.quantization=null", "optim.name=adamw"]), steps=2)
     tiny["train"]["prompts_per_step"] = 1
     assert tiny["algorithm"] == cfg["algorithm"]
     train(tiny, tmp_path)

@@ -21,12 +21,19 @@ class LocalBackend(Backend):
         self.micro_batch_size = int(hw["micro_batch_size"])
         self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
         self.lora = hw["finetune"] == "lora"
-        model = load_policy(model_dir, hw).to(self.device)
+        quant = cfg["model"].get("quantization")
+        model = load_policy(model_dir, hw, quantization=quant)
+        if not quant:
+            model = model.to(self.device)
         self.ref = None
         if self.lora:
             from peft import LoraConfig, get_peft_model
 
             lc = hw["lora"]
+            if quant:
+                from peft import prepare_model_for_kbit_training
+
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(hw.get("gradient_checkpointing")))
             model = get_peft_model(model, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"], target_modules=list(lc["target_modules"]), task_type="CAUSAL_LM"))
         elif float(self.alg.get("beta") or 0) > 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -65,19 +72,34 @@ class LocalBackend(Backend):
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
+    @torch.no_grad()
     def export_weights(self):
-        """Yield (HF name, tensor) of the full current policy (LoRA merged), for engines that need a sync."""
+        """Yield (HF name, tensor) of the full current policy, for engines that need a sync.
+
+        LoRA: W + scale * B @ A is computed OUT of place (the base weights are never merged and unmerged,
+        which in bf16 would drift a little every step); a 4-bit base is dequantised first. Tied embeddings
+        yield ``lm_head.weight`` too.
+        """
         if not self.lora:
             yield from self.model.state_dict().items()
             return
-        self.model.merge_adapter()
-        try:
-            for name, t in self.model.get_base_model().state_dict().items():
-                if "lora_" in name:
-                    continue
-                yield name.replace(".base_layer", ""), t
-        finally:
-            self.model.unmerge_adapter()
+        from peft.utils.integrations import dequantize_module_weight
+
+        base = self.model.get_base_model()
+        lora = {n: m for n, m in base.named_modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
+        for name, p in base.named_parameters(remove_duplicate=False):
+            if "lora_" in name:
+                continue
+            hf = name.replace(".base_layer", "")
+            owner = hf.rsplit(".", 1)[0]
+            if hf.endswith(".weight") and owner in lora:
+                m = lora[owner]
+                w = dequantize_module_weight(m.base_layer)
+                for adapter in m.active_adapters:
+                    w = w + m.get_delta_weight(adapter).to(w.dtype)
+                yield hf, w.to(p.dtype) if p.is_floating_point() else w
+            else:
+                yield hf, p.detach()
 
     def state_dict(self) -> dict:
         model_sd = {k: v for k, v in self.model.state_dict().items() if not self.lora or "lora_" in k}
