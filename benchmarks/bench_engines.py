@@ -2,8 +2,9 @@
 HF engine vs vLLM, and the time of one vLLM weight sync (full fine-tuning and LoRA).
 
 Run: ``python benchmarks/bench_engines.py [repeats]`` (CPU, about 2 min; 2 torch threads, the training
-setting). Writes ``results/bench/engines.csv`` and prints it. Medians over ``repeats`` (default 7),
-the two engines interleaved repeat by repeat so that load from other processes hits both alike.
+setting). Writes ``results/bench/engines.csv`` and prints it. Medians (and minima) over ``repeats``
+(default 7; syncs: 3 x repeats after one warm-up); the two engines are interleaved repeat by repeat so
+that load from other processes hits both alike.
 
 - start: ``VLLMEngine(...)`` construction, in-process (the default); the first one includes
   ``import vllm``, the next ones (after ``close()``) do not. One multi-process start (vLLM's engine-core
@@ -12,7 +13,8 @@ the two engines interleaved repeat by repeat so that load from other processes h
   toy-task prompts x n rollouts, T = 1, max_tokens = 12 (the CPU configs' settings: the tiny model
   answers in about 6 tokens, so these are short sequences and per-call overhead counts).
 - sync: ``engine.load_weights(backend.export_weights())`` after a real optimizer step: full = every
-  tensor; lora = merge -> push -> unmerge (the backend's merge and unmerge are inside the timing).
+  tensor; lora = the backend computes W + scale * B @ A for every adapted layer, then the same push
+  (that computation is inside the timing).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def main() -> None:
         batch = build_batch([p for p in prompts for _ in range(4)], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
         be.update(batch, lr=1e-3)
         times = []
-        for _ in range(REPEATS + 1):
+        for _ in range(3 * REPEATS + 1):
             eng.load_weights(be.export_weights())
             times.append(eng.last_sync_s * 1e3)
         row("sync", "vllm", f"{finetune}, in-process", times[1:], "ms")
@@ -111,7 +113,7 @@ def main() -> None:
     t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp["rollout"]))
     row("start", "vllm", "multi-process", [t], "s")
     times = []
-    for _ in range(REPEATS + 1):
+    for _ in range(3 * REPEATS + 1):
         eng.load_weights(backend.export_weights())
         times.append(eng.last_sync_s * 1e3)
     row("sync", "vllm", "full, multi-process (safetensors over RPC)", times[1:], "ms")

@@ -18,7 +18,6 @@ import torch
 
 from conftest import compose, shrink
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 TOL = 1e-4
@@ -67,6 +66,26 @@ def recompute_gap(backend, prompts, ro) -> float:
 def test_import_pods_does_not_import_vllm():
     code = "import sys, pods, pods.engines, pods.loop, pods.config; from pods.engines import ENGINES; assert 'vllm' in ENGINES.names(); assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_engine_start_leaves_the_trainer_alone_and_close_frees_it(tiny_dir, tok):
+    """vLLM reseeds the global RNGs and disables torch.set_num_threads when it starts in-process."""
+    import random
+    import weakref
+
+    from pods.engines import ENGINES
+
+    torch.manual_seed(123)
+    random.seed(123)
+    states = (torch.get_rng_state(), random.getstate())
+    eng = ENGINES.get("vllm")(tiny_dir, tok, compose(ENGINE)["rollout"])
+    assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    llm = weakref.ref(eng.llm)
+    eng.close()
+    assert llm() is None
 
 
 def test_greedy_matches_hf_engine(engine, tiny_dir, tok, prompts):

