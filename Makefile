@@ -52,3 +52,51 @@ train-multi: $(STAMP) ## DeepSpeed over NPROC ranks (CPU default: 2 x cpu_ddp2_z
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node $(NPROC) -m pods.train $(if $(HW),hardware=$(HW)) $(ARGS) \
 		'hydra.run.dir=runs/$(RUN_STAMP)_$${algorithm.name}_n$${algorithm.n}_m$${algorithm.m}_x$(NPROC)'
 # ---- end multi-process training --------------------------------------------------------------------------
+
+# ---- paper reproduction: figures from committed experiments + sweeps, on SLURM or here (issue 7) ------------
+# reproduce-figure-NAME runs the figure's sweeps into $(RUNS)/NAME: on SLURM by default (Hydra submitit job
+# arrays; 8-GPU panels: one slurm/run_8gpu.sbatch job per seed), LAUNCHER=local one run after another here.
+# Re-running continues unfinished runs (train.resume=auto). figure-NAME draws results/figure-NAME/ from the runs:
+# mean +- 1.96 SE over seeds on a common time grid, the authors' released curves dashed when REFERENCE exists.
+# SEEDS=1,2 runs fewer seeds; ARGS="key=value ..." adds Hydra overrides to every run. See docs/reproduce.md.
+LAUNCHER ?= slurm
+RUNS ?= runs/paper
+SEEDS ?=
+REFERENCE ?= $(wildcard ../shared/reference)
+FIGURES := 3-gsm8k-qwen3b-l40s 3-math-qwen3b-l40s 3-gsm8k-llama3b-l40s 3-gsm8k-qwen3b-h100x8 3-gsm8k-qwen7b-a100x8 4-n 4-m 5
+REPRODUCE = $(PY) -m pods.figures reproduce $(1) $(ARGS) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds $(SEEDS))
+DRAW = $(PY) -m pods.figures plot $(if $(REFERENCE),--reference $(REFERENCE))
+.PHONY: reproduce-figure-3 reproduce-figure-4 figure-3 figure-4 reproduce-figure-cpu figure-cpu $(addprefix reproduce-figure-,$(FIGURES)) $(addprefix figure-,$(FIGURES))
+
+reproduce-figure-3: ## Fig. 3, all five panels below (submitted together on SLURM)
+reproduce-figure-3-gsm8k-qwen3b-l40s: ## Fig. 3 GSM8K Qwen2.5-3B, 1x L40S: GRPO 16/16 vs PODS 64->16, 10 seeds each
+reproduce-figure-3-math-qwen3b-l40s: ## Fig. 3 MATH Qwen2.5-3B, 1x L40S: GRPO 8/8 vs PODS 32->8, 10 seeds each
+reproduce-figure-3-gsm8k-llama3b-l40s: ## Fig. 3 GSM8K Llama-3.2-3B, 1x L40S, beta 0.04: GRPO 16/16 vs PODS 64->16
+reproduce-figure-3-gsm8k-qwen3b-h100x8: ## Fig. 3 GSM8K Qwen2.5-3B, 8x H100: GRPO-GA vs PODS 128->32, seeds 11-15,21-25
+reproduce-figure-3-gsm8k-qwen7b-a100x8: ## Fig. 3 GSM8K Qwen2.5-7B, 8x A100: GRPO-GA vs PODS 128->32, seeds 11-15,21-25
+reproduce-figure-4: ## Fig. 4, both sweeps below
+reproduce-figure-4-n: ## Fig. 4 n sweep: PODS m=16, n in 16..256, 10 seeds each (1x L40S)
+reproduce-figure-4-m: ## Fig. 4 m sweep: PODS n=64, m in 16,8,4,2, 10 seeds each (1x L40S)
+reproduce-figure-5: ## Fig. 5 rules at 64->16: max-variance / max-reward / random, 10 seeds each (1x L40S)
+reproduce-figure-3 reproduce-figure-4: reproduce-figure-%: $(STAMP)
+	$(call REPRODUCE,$*) --runs $(RUNS)
+$(addprefix reproduce-figure-,$(FIGURES)): reproduce-figure-%: $(STAMP)
+	$(call REPRODUCE,$*) --runs $(RUNS)/$*
+
+figure-3: ## draw Fig. 3's panels from RUNS (runs/paper) into results/figure-3-*/ (+ the authors' curves)
+figure-4: ## draw Fig. 4's panels into results/figure-4-{n,m}/
+figure-5: ## draw Fig. 5 into results/figure-5/ (single panels too: figure-3-gsm8k-qwen3b-l40s, figure-4-n, ...)
+figure-3 figure-4: figure-%: $(STAMP)
+	$(DRAW) $* --runs $(RUNS) --out results
+$(addprefix figure-,$(FIGURES)): figure-%: $(STAMP)
+	$(DRAW) $* --runs $(RUNS)/$* --out results/figure-$*
+
+reproduce-figure-cpu: $(STAMP) ## here, end to end: GRPO vs GRPO-GA vs PODS, tiny model, 3 seeds x 60 s -> results/cpu/
+	rm -rf results/cpu/runs
+	$(PY) -m pods.figures reproduce cpu $(ARGS) --launcher $(if $(filter command line environment,$(origin LAUNCHER)),$(LAUNCHER),local) \
+		--runs results/cpu/runs $(if $(SEEDS),--seeds $(SEEDS))
+	$(PY) -m pods.figures plot cpu --runs results/cpu/runs --out results/cpu
+
+figure-cpu: $(STAMP) ## redraw results/cpu/ from results/cpu/runs
+	$(PY) -m pods.figures plot cpu --runs results/cpu/runs --out results/cpu
+# ---- end paper reproduction -------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def arm(a: dict) -> str:
     """A curve's label from algorithm settings: GRPO n/m, GRPO-GA n/m, or PODS n->m (rule when not max-variance)."""
     if a.get("grad_accum"):
         return f"GRPO-GA {a['n']}/{a['m']}"
-    if a["rule"] == "all" or a["n"] == a["m"] and a["rule"] == "max_variance":
+    if a["rule"] == "all" or a["n"] == a["m"]:  # every rollout kept: GRPO, whatever the rule
         return f"GRPO {a['n']}/{a['m']}"
     return f"PODS {a['n']}→{a['m']}" + ("" if a["rule"] == "max_variance" else f" {a['rule']}")
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 PACKAGES = ["slurm-wlm", "munge"]
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 BINARIES = ["slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel"]
 
 
@@ -124,19 +125,20 @@ class LocalCluster:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()}")
         return p
 
-    def state(self, job_id: str) -> str:
-        """The job's state (PENDING, RUNNING, COMPLETED, FAILED, ...) from scontrol (accounting is off)."""
+    def job(self, job_id: str) -> dict:
+        """scontrol's view of a job as a dict (JobState, Restarts, ExitCode, ...); {} if scontrol did not answer."""
         p = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
-        for field in p.stdout.split():
-            if field.startswith("JobState="):
-                return field.split("=", 1)[1]
-        return "GONE"
+        return dict(f.split("=", 1) for f in p.stdout.split() if "=" in f) if p.returncode == 0 else {}
 
-    def wait(self, job_id: str, timeout: float = 180, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE")) -> str:
+    def state(self, job_id: str) -> str:
+        """PENDING, RUNNING, COMPLETED, FAILED, ... (accounting is off, so from scontrol; UNKNOWN if no answer)."""
+        return self.job(job_id).get("JobState", "UNKNOWN")
+
+    def wait(self, job_id: str, timeout: float = 180) -> str:
         deadline = time.time() + timeout
         while time.time() < deadline:
             s = self.state(job_id)
-            if s in done:
+            if s in FINAL:
                 return s
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still {self.state(job_id)} after {timeout:.0f} s")
@@ -167,9 +169,10 @@ class LocalCluster:
         d = self.dir
         lines = [
             "ClusterName=podstest", "SlurmctldHost=localhost", "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket}", "MpiDefault=none",
+            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket},cred_expire=10", "MpiDefault=none",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=1,bf_interval=1",  # with cred_expire=10: a requeued job restarts ~11 s later
             "ReturnToService=2", "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none", "KillWait=10", "MinJobAge=600", "GresTypes=gpu",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",

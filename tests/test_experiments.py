@@ -133,24 +133,15 @@ def test_paper_values(exp):
         assert cfg["algorithm"]["n"] * cfg["train"]["prompts_per_step"] == 512
 
 
-def expand(cfg) -> list[list[str]]:
-    """The jobs Hydra's basic sweeper makes of ``hydra.sweeper.params`` (what ``-m`` would launch)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
-    return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]
-
-
 @pytest.mark.parametrize("exp", ["toy_pods_64_16_cpu", "paper"])
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
-    from omegaconf import OmegaConf
+    from pods.figures import sweep_jobs
 
     paper_exp, swept, fixed = SWEEP_PAPER[sweep]
     exp = paper_exp if exp == "paper" else exp
-    cfg = compose_or_xfail([f"experiment={exp}", f"+sweep={sweep}"], hydra=True)
-    jobs = expand(cfg)
+    compose_or_xfail([f"experiment={exp}", f"+sweep={sweep}"], hydra=True)
+    jobs, task = sweep_jobs(exp, sweep)  # what `python -m pods.train -m experiment=EXP +sweep=SWEEP` launches
     assert len(jobs) == math.prod(len(v) for v in swept.values())
     values = {}
     for job in jobs:
@@ -158,10 +149,8 @@ def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
             k, v = o.split("=", 1)
             values.setdefault(k, []).append(v)
     assert {k: list(dict.fromkeys(v)) for k, v in values.items()} == {k: [str(x) for x in v] for k, v in swept.items()}
-    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    plain = OmegaConf.to_container(task, resolve=True, throw_on_missing=True)
-    assert {k: get(plain, k) for k in fixed} == fixed
-    assert plain["train"]["resume"] == "auto"  # a re-run (or a requeued job) continues unfinished runs
+    assert {k: get(task, k) for k in fixed} == fixed
+    assert task["train"]["resume"] == "auto"  # a re-run (or a requeued job) continues unfinished runs
     for job in jobs[:: max(1, len(jobs) // 10)]:  # the jobs are valid configs (e.g. n = 16 with m = 16, max-variance)
         validated(compose_or_xfail([f"experiment={exp}", f"+sweep={sweep}", *job]))
 
