@@ -1,10 +1,11 @@
 """Benchmark the rollout engines on the tiny model (CPU): vLLM start time, generation throughput of the
 HF engine vs vLLM, and the time of one vLLM weight sync (full fine-tuning and LoRA).
 
-Run: ``python benchmarks/bench_engines.py [repeats]`` (CPU, about 2 min; 2 torch threads, the training
-setting). Writes ``results/bench/engines.csv`` and prints it. Medians (and minima) over ``repeats``
-(default 7; syncs: 3 x repeats after one warm-up); the two engines are interleaved repeat by repeat so
-that load from other processes hits both alike.
+Run: ``python benchmarks/bench_engines.py [repeats] [threads]`` (CPU, about 2 min). Threads: 1 by default,
+for both engines (the 2-core machine is shared: with 2 OpenMP threads, other processes turned a 9 ms sync
+into 30-400 ms, timing noise rather than code). Writes ``results/bench/engines.csv`` and prints it.
+Medians (and minima) over ``repeats`` (default 7; syncs: 3 x repeats after one warm-up); the two engines
+are interleaved repeat by repeat so that load from other processes hits both alike.
 
 - start: ``VLLMEngine(...)`` construction, in-process (the default); the first one includes
   ``import vllm``, the next ones (after ``close()``) do not. One multi-process start (vLLM's engine-core
@@ -26,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+THREADS = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+os.environ["OMP_NUM_THREADS"] = str(THREADS)  # before torch is imported
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -36,7 +39,6 @@ sys.path.insert(0, str(ROOT))  # run as a script without installing the package
 sys.path.insert(0, str(ROOT / "tests"))
 
 OUT = ROOT / "results" / "bench" / "engines.csv"
-REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.25"]
 
 
@@ -58,7 +60,7 @@ def main() -> None:
     from pods.tasks import DATASETS, encode_prompts
     from pods.tiny import ensure_tiny
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     tiny = ensure_tiny()
     tok = load_tokenizer(str(tiny))
     prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:4], tok, None)[0]
@@ -122,6 +124,7 @@ def main() -> None:
     params = sum(p.numel() for p in backend.policy.parameters())
     for r in rows:
         r["model"] = f"tiny ({params / 1e6:.2f}M params, fp32)"
+        r["threads"] = THREADS
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
