@@ -67,3 +67,18 @@ def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
     assert torch.allclose(lp * b.loss_mask, b.sampler_logprobs, atol=1e-4)
     assert all(r in ("stop", "length") for r in ro.finish_reasons)
     assert all(len(c) == len(lp_) for c, lp_ in zip(ro.completion_ids, ro.logprobs))
+
+
+def test_hf_engine_greedy_with_n_repeats_and_ignores_the_models_generation_config(tiny_dir):
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_policy(str(tiny_dir), {"dtype": "float32"}).eval()
+    model.generation_config.repetition_penalty = 5.0  # must not leak into the engine's sampling
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, {}, policy=model)
+    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    ids, _, _ = encode_prompts(data.test[:2], tok, 128)
+    ro = engine.generate(ids, 3, Sampling(temperature=0.0, max_tokens=8))
+    assert ro.completion_ids[0] == ro.completion_ids[1] == ro.completion_ids[2]
+    with torch.no_grad():  # greedy = argmax of the plain model at every step
+        seq = ids[0] + ro.completion_ids[0]
+        logits = model(input_ids=torch.tensor([seq])).logits[0, len(ids[0]) - 1 : -1]
+    assert logits.argmax(-1).tolist() == ro.completion_ids[0]

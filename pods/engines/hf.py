@@ -40,19 +40,30 @@ class HFEngine:
         return Rollouts(prompt_ids=prompts, completion_ids=out_ids, texts=texts, logprobs=out_lp, finish_reasons=reasons, n=n)
 
     def _generate_chunk(self, prompts, n, s: Sampling):
+        from transformers import GenerationConfig
+
         device = next(self.policy.parameters()).device
+        prompts = [p for p in prompts for _ in range(n)]  # expanded by hand: greedy with n > 1 works too
         width = max(map(len, prompts))
         pad = self.tok.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         greedy = s.temperature <= 0
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
+        # An explicit config: the model's own generation_config (e.g. Qwen2.5's repetition_penalty 1.05)
+        # would change the sampling distribution away from the log-probs reported below.
+        sampling = {} if greedy else dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
+        config = GenerationConfig(
+            do_sample=not greedy, max_new_tokens=s.max_tokens, pad_token_id=pad, eos_token_id=sorted(self.stop_ids),
+            stop_strings=list(s.stop) or None, return_dict_in_generate=True, output_logits=True, **sampling,
+        )
         if s.seed is not None:
             torch.manual_seed(s.seed)
-        gen = self.policy.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=s.max_tokens, num_return_sequences=n,
-            return_dict_in_generate=True, output_logits=True, pad_token_id=pad, eos_token_id=sorted(self.stop_ids), **kwargs,
-        )
+        inner = self.policy.get_base_model() if hasattr(self.policy, "get_base_model") else self.policy
+        saved, inner.generation_config = inner.generation_config, GenerationConfig()  # generate() would merge its values in
+        try:
+            gen = self.policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, tokenizer=self.tok if s.stop else None)
+        finally:
+            inner.generation_config = saved
         new = gen.sequences[:, width:]  # [B, C]
         logits = torch.stack(gen.logits, dim=1).float()  # [B, C, V], raw
         logits = logits / (1.0 if greedy else s.temperature)
