@@ -65,6 +65,7 @@ class LocalCluster:
     # ---- lifecycle ----------------------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> "LocalCluster":
         d = self.dir
+        d.chmod(0o711)  # munged checks that every directory above its socket is searchable by all
         for sub in ("state", "spool", "log", "munge", "dev"):
             (d / sub).mkdir()
         (d / "munge").chmod(0o711)  # munged: the socket's directory must be searchable by all
@@ -99,9 +100,7 @@ class LocalCluster:
             except ProcessLookupError:
                 continue
             for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not self._alive(pid):
                     break
                 time.sleep(0.1)
             else:
@@ -157,6 +156,14 @@ class LocalCluster:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{cmd[0]} wrote no pid file {pidfile}\n{self.logs()}")
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        """Running (an exited daemon whose parent has not reaped it yet is a zombie: not alive)."""
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
 
     @staticmethod
     def _pid(pidfile: Path) -> int | None:
