@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pods.plot import eval_rows, mean_curves, plot_mean_curves, time_to_reach, write_csv, write_curves_csv
+from pods.plot import CURVE_FIELDS, eval_rows, mean_curves, plot_mean_curves, time_to_reach, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +220,7 @@ def plot(name: str, runs: Path, out: Path, reference: Path | None) -> list[dict]
     if not curves:
         raise SystemExit(f"[figures] no runs under {runs} and no reference curves: run `make reproduce-figure-{name}` first")
     write_csv(ours, out / "evals.csv")
-    write_curves_csv(curves, out / "mean_curves.csv")
+    write_csv(curves, out / "mean_curves.csv", CURVE_FIELDS)
     png = plot_mean_curves(curves, out / "accuracy_vs_time.png", fig.title, fig.time_unit)
     print(f"[figures] {png}\n[figures] {out / 'mean_curves.csv'}  {out / 'evals.csv'}")
     for line in summarize(curves, fig.baseline):

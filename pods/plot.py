@@ -20,11 +20,11 @@ def eval_rows(runs: dict[str, list[str | Path]]) -> list[dict]:
     return out
 
 
-def write_csv(rows: list[dict], path: str | Path) -> Path:
+def write_csv(rows: list[dict], path: str | Path, fields: list[str] = FIELDS) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
     return path
@@ -91,16 +91,6 @@ def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str =
             mean = float(np.mean(ys))
             out.append({"source": source, "label": label, "time": float(t), "mean": mean, "lo": mean - 1.96 * se, "hi": mean + 1.96 * se, "se": se, "runs": len(ys)})
     return out
-
-
-def write_curves_csv(curves: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CURVE_FIELDS)
-        w.writeheader()
-        w.writerows(curves)
-    return path
 
 
 def plot_mean_curves(curves: list[dict], path: str | Path, title: str = "", time_unit: str = "s", ylabel: str = "test accuracy") -> Path:
