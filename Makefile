@@ -14,7 +14,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 .PHONY: help install demo test test-slow clean-runs
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-28s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
