@@ -1,13 +1,14 @@
 """Step-time breakdown and per-rank memory of the multi-process path on CPU (DeepSpeed ZeRO-3, gloo).
 
-Run alone (the 2-core machine is shared; other jobs distort the times): ``python benchmarks/bench_deepspeed.py
-[--steps 8] [--repeats 1] [--engines hf,vllm]`` (~5-8 min). Writes ``results/bench/deepspeed.csv`` and prints it.
+Run alone (the 2-core machine is shared; other jobs distort the times, ``load_1m`` records the load average at
+the start of each run): ``python benchmarks/bench_deepspeed.py [--steps 8] [--repeats 3] [--engines hf,vllm]``
+(~10 min per repeat). Writes ``results/bench/deepspeed.csv`` (medians over the repeats) and prints it.
 
 Every cell is a real training run of ``pods.loop.train`` on the tiny model, launched with torchrun and
 measured from the loop's own per-step metrics (medians over the steps after the first 2):
-- settings: ``local`` 1 process x 2 threads (LocalBackend), ``zero3`` 1 process x 2 threads, ``zero3`` 2
-  processes x 1 thread (cpu_ddp2_zero3); 2 prompts per rank per step, so 2 processes do twice the work
-  per step: compare ``rollouts_per_s``.
+- settings: ``local`` 1 process (LocalBackend), ``zero3`` 1 process, ``zero3`` 2 processes (cpu_ddp2_zero3),
+  1 thread per process; 2 prompts per rank per step, so 2 processes do twice the work per step: compare
+  ``rollouts_per_s`` (2 processes use both cores).
 - algorithms, with the same micro-batch of 8 sequences: PODS n=32 -> m=8 (one micro-batch per prompt) vs
   GRPO-GA n=32 in micro-batches of 8 (4 per prompt): the same rollouts generated, 4x the sequences trained;
   and, for memory, GRPO n=32 trained in one pass per step (what GRPO-GA's micro-batching avoids).
@@ -43,9 +44,11 @@ ALGOS = {  # the same 8-sequence micro-batch, except the reference that trains a
     "grpo_ga_32x8": ["algorithm=grpo_ga", "algorithm.n=32", "algorithm.m=8", "hardware.micro_batch_size=8"],
     "grpo_32_one_pass": ["algorithm=grpo", "algorithm.n=32", "hardware.micro_batch_size=64"],
 }
-SETTINGS = {"local_1x2": ("cpu", 1, 2), "zero3_1x2": ("cpu_ddp2_zero3", 1, 2), "zero3_2x1": ("cpu_ddp2_zero3", 2, 1)}  # profile, processes, threads
+# profile, processes, threads per process. 1 thread everywhere: with 2 threads a single process swung 2-30x
+# from step to step whenever other jobs shared the 2 cores (OpenMP threads waiting on a descheduled peer).
+SETTINGS = {"local_1x1": ("cpu", 1, 1), "zero3_1x1": ("cpu_ddp2_zero3", 1, 1), "zero3_2x1": ("cpu_ddp2_zero3", 2, 1)}
 VLLM = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
-COLUMNS = ["engine", "setting", "algorithm", "processes", "threads", "steps", "step_s", "generate_s", "gather_select_s", "update_s", "sync_s",
+COLUMNS = ["engine", "setting", "algorithm", "processes", "threads", "runs", "load_1m", "steps", "step_s", "generate_s", "gather_select_s", "update_s", "sync_s",
            "rollouts_per_s", "peak_rss_mb", "update_rss_mb", "saved_act_mb", "param_mb"]
 
 
@@ -148,7 +151,7 @@ def summarize(run_dir: Path, warmup: int = 2) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--algorithms", default=",".join(ALGOS))
@@ -171,9 +174,14 @@ def main() -> None:
                     run_dir = work / f"{engine}_{setting}_{algo}_r{rep}"
                     run_dir.mkdir(parents=True)
                     cfg = compose_cfg(profile, threads, overrides, engine, args.steps)
-                    clock = time.time()
-                    launch(cfg, procs, threads, run_dir)
+                    clock, load = time.time(), os.getloadavg()[0]  # other jobs on the machine show here
+                    try:
+                        launch(cfg, procs, threads, run_dir)
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:  # one broken cell must not lose the others
+                        print(f"[bench] {engine} {setting} {algo} r{rep}: FAILED ({str(e).splitlines()[0]})", flush=True)
+                        continue
                     res = summarize(run_dir)
+                    res["load_1m"] = load
                     res["rollouts_per_s"] = procs * 2 * cfg["algorithm"]["n"] / res["step_s"]
                     results.setdefault((engine, setting, algo, procs, threads), []).append(res)
                     print(f"[bench] {engine} {setting} {algo} r{rep}: step {res['step_s']:.3f}s ({time.time() - clock:.0f}s wall)", flush=True)
@@ -182,8 +190,8 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for (engine, setting, algo, procs, threads), reps in results.items():
-            row = {"engine": engine, "setting": setting, "algorithm": algo, "processes": procs, "threads": threads}
-            for k in COLUMNS[5:]:
+            row = {"engine": engine, "setting": setting, "algorithm": algo, "processes": procs, "threads": threads, "runs": len(reps)}
+            for k in COLUMNS[6:]:
                 v = statistics.median(r[k] for r in reps)
                 row[k] = round(v, 4) if isinstance(v, float) else v
             w.writerow(row)

@@ -86,17 +86,17 @@ class Dist:
         out.update({k: v / max(out["n_eval"], 1) for k, v in zip(rates, totals)})
         return out
 
-    def shard(self, items: list, lockstep: bool = False) -> list:
-        """This rank's share of ``items`` (every world-th item). ``lockstep``: the engine generates with the
-        ZeRO-3-partitioned module, so every rank must run the same number of forwards: equal shards (the
-        remainder of ``len(items) / world`` is left out)."""
+    def shard(self, *lists: list, lockstep: bool = False) -> tuple[list, ...]:
+        """This rank's share of each of the equally long ``lists`` (every world-th item). ``lockstep``: the
+        engine generates with the ZeRO-3-partitioned module, so every rank must run the same number of
+        forwards: equal shards (the remainder of ``len / world`` is left out, and said)."""
         if self.world == 1:
-            return items
-        if lockstep and len(items) % self.world:
-            if self.is_main:
-                print(f"[pods] evaluating {len(items) - len(items) % self.world} of {len(items)} test prompts: equal shards over {self.world} ranks (ZeRO-3 generation runs in lockstep)", flush=True)
-            items = items[: len(items) - len(items) % self.world]
-        return items[self.rank :: self.world]
+            return lists
+        total = len(lists[0])
+        keep = total - total % self.world if lockstep else total
+        if keep < total and self.is_main:
+            print(f"[pods] evaluating {keep} of {total} test prompts: equal shards over {self.world} ranks (lockstep ZeRO-3 generation)", flush=True)
+        return tuple(items[:keep][self.rank :: self.world] for items in lists)
 
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every rank."""
@@ -135,7 +135,7 @@ def init(hw: dict) -> Dist:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not hw.get("dist_backend"):
-        raise ConfigError(f"launched as {world} processes but hardware={hw.get('name')} trains in one: choose a multi-process profile (e.g. hardware=cpu_ddp2_zero3)")
+        raise ConfigError(f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)")
     if not hw.get("dist_backend"):
         return Dist()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

@@ -146,7 +146,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     schedule, lr0 = SCHEDULES.get(cfg["optim"]["schedule"]), cfg["optim"]["lr"]
     golds = [ex.gold for ex in train_ex]
     lockstep = backend.collective_forward and not engine.needs_sync  # generating with the ZeRO-3 module: equal eval shards
-    test_ids, test_golds = dist.shard(test_ids, lockstep), dist.shard([ex.gold for ex in test_ex], lockstep)  # each rank scores its share
+    test_ids, test_golds = dist.shard(test_ids, [ex.gold for ex in test_ex], lockstep=lockstep)  # each rank scores its share
 
     def run_eval() -> dict:
         scores = dist.reduce_eval(evaluate(engine, test_ids, test_golds, ev, ds, ev.get("seed", 0) + state["evals"]))

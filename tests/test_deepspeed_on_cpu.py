@@ -126,7 +126,7 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
     tok = load_tokenizer(tiny)
     engine = ENGINES.get("vllm")(tiny, tok, compose(["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"])["rollout"])
     task = DATASETS.get("toy_arith")(compose()["dataset"])
-    prompts = dist.shard(encode_prompts(task.test[:4], tok, None)[0])  # 2 prompts per rank
+    (prompts,) = dist.shard(encode_prompts(task.test[:4], tok, None)[0])  # 2 prompts per rank
 
     def gap() -> float:
         ro = engine.generate(prompts, 4, Sampling(temperature=0.9, max_tokens=10, seed=dist.rank))
@@ -185,7 +185,7 @@ def cli_runs(tiny_dir, tmp_path_factory):
     """grpo_pods on 2 ZeRO-3 ranks for 3 steps (checkpoint at step 2), then a resume of step 2 into a new directory."""
     base = tmp_path_factory.mktemp("ds_cli")
     args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", "algorithm=grpo_pods", *SMALL, "train.max_steps=3", "train.time_budget_s=null",
-            "eval.every_s=null", "train.checkpoint_every_steps=2", "train.save_final=true", "seed=3"]
+            "eval.every_s=null", "train.checkpoint_every_steps=2", "train.save_final=true", "seed=3", "optim.lr=1e-3"]
     straight = torchrun([*args, f"hydra.run.dir={base / 'straight'}"], base / "straight.log")
     resume = base / "straight" / "checkpoints" / "step_000002.pt"
     resumed = torchrun([*args, f"hydra.run.dir={base / 'resumed'}", f"train.resume={resume}"], base / "resumed.log")
@@ -205,7 +205,8 @@ def test_two_zero3_ranks_train_grpo_pods_from_the_cli(cli_runs, tiny_dir):
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == [1, 2, 3]
     assert all(r["kept"] == 2 * 1 * 4 for r in train_rows)  # 2 ranks x 1 prompt x m = 4, summed over ranks
-    assert all(r["tokens"] > r["tokens_trained"] > 0 and r["grad_norm"] > 0 and r["t_update"] > 0 for r in train_rows)
+    assert all(r["tokens"] > r["tokens_trained"] > 0 and r["t_update"] > 0 for r in train_rows)
+    assert any(r["grad_norm"] > 0 for r in train_rows)  # (a step whose groups all have equal rewards has none)
     assert rows[-1]["n_eval"] == 8  # the 8 test prompts, 4 scored on each rank
     ckpt = base / "straight" / "checkpoints"
     assert (ckpt / "latest").read_text() == "step_000003.pt"

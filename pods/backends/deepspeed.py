@@ -44,7 +44,7 @@ def ds_config(cfg: dict) -> dict:
     if stage not in (2, 3):
         raise ConfigError(f"hardware.deepspeed.stage must be 2 or 3, got {stage}")
     if hw.get("finetune") != "full":
-        raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA runs on one GPU: hardware=l40s_lora)")
+        raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA: hardware=l40s_lora)")
     if o["name"] != "adamw":
         raise ConfigError(f"hardware.backend=deepspeed uses DeepSpeed's AdamW: optim.name must be 'adamw', got '{o['name']}'")
     zero = {"stage": stage, "overlap_comm": bool(d.get("overlap_comm", False)), "contiguous_gradients": True}
@@ -82,6 +82,7 @@ class DeepSpeedBackend(Backend):
 
     def __init__(self, model_dir: str, cfg: dict):
         import deepspeed
+        from deepspeed.accelerator import get_accelerator
         from transformers.integrations import HfDeepSpeedConfig
 
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
@@ -90,14 +91,12 @@ class DeepSpeedBackend(Backend):
         self.config = ds_config(cfg)
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
-        if not hasattr(deepspeed.DeepSpeedEngine, "managed_gradient_accumulation"):  # added in 2026 (0.19.x)
-            raise RuntimeError(f"deepspeed {deepspeed.__version__} lacks managed_gradient_accumulation=false, which the exact micro-batch accumulation needs: install deepspeed>=0.19.8")
+        if not hasattr(deepspeed.DeepSpeedEngine, "managed_gradient_accumulation"):  # new in 2026 (0.19.x)
+            raise RuntimeError(f"deepspeed {deepspeed.__version__} lacks managed_gradient_accumulation, needed for exact accumulation: use >=0.19.8")
         if not torch.distributed.is_initialized():
             raise RuntimeError("DeepSpeedBackend needs a process group: pods.distributed.init(hardware) creates it (hardware.dist_backend)")
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the group pods.distributed made
         self.rank = torch.distributed.get_rank()
-        from deepspeed.accelerator import get_accelerator
-
         self.device = torch.device(get_accelerator().current_device_name())
         # Kept alive on purpose: from_pretrained then partitions weights while loading (ZeRO-3), and HF
         # generate() keeps ranks in step (synced_gpus) when it runs on the partitioned module.
@@ -183,7 +182,7 @@ class DeepSpeedBackend(Backend):
 
     def load_sharded(self, directory: Path) -> None:
         directory = Path(directory)
-        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name, load_optimizer_states=True, load_lr_scheduler_states=False)
+        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name, load_lr_scheduler_states=False)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
 
