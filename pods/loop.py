@@ -18,7 +18,6 @@ clock and the stop decision identical on every rank and reduces what is logged; 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -35,21 +34,8 @@ from pods.evaluate import evaluate
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, resolve_model_dir
 from pods.schedules import SCHEDULES
+from pods.signals import StopFlag
 from pods.tasks import DATASETS, encode_prompts, score_batch
-
-
-class _Stop:
-    """Set by SIGUSR1/SIGTERM (e.g. SLURM's pre-emption warning): checkpoint and leave cleanly."""
-
-    requested = False
-
-    @classmethod
-    def install(cls) -> None:
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
-            try:
-                signal.signal(sig, lambda *_: setattr(cls, "requested", True))
-            except ValueError:  # not the main thread (e.g. inside a test runner thread)
-                pass
 
 
 def progress_of(state: dict, t: dict) -> float:
@@ -70,7 +56,7 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     keep = n if a.get("grad_accum") else a["m"]
     s = cfg["sampling"]
     clock = time.perf_counter()
-    ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"]))  # (2)
+    ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"], stop=tuple(s.get("stop") or ())))  # (2)
     t_gen = time.perf_counter()
     scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))  # (3)
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
@@ -163,12 +149,12 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     def finished() -> bool:
         return bool((t.get("max_steps") and state["step"] >= t["max_steps"]) or (t.get("time_budget_s") and state["train_time"] >= t["time_budget_s"]))
 
-    _Stop.install()
+    stop = StopFlag().install()  # (SLURM pre-emption) -> checkpoint at the next step boundary, then exit
     last = run_eval() if ev.get("at_start", True) and state["step"] == 0 else {}
     from tqdm import tqdm
 
     bar = tqdm(total=t.get("max_steps"), initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main)
-    while not finished() and not dist.any(_Stop.requested):  # a signal to one rank stops them all
+    while not finished() and not dist.any(stop.requested):  # a signal to one rank stops them all
         clock = time.perf_counter()
         idx = sampler.next()  # (1) this rank's prompts
         lr = lr0 * schedule(progress_of(state, t), cfg["optim"].get("warmup_ratio", 0.0))
@@ -184,11 +170,15 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         if _due(state["last_ckpt"], state["train_time"], t.get("checkpoint_every_s")) or (t.get("checkpoint_every_steps") and state["step"] % t["checkpoint_every_steps"] == 0):
             save()  # (10)
     bar.close()
-    if not last or last["step"] != state["step"]:
-        last = run_eval()
-    if dist.any(_Stop.requested) or t.get("checkpoint_at_end", True):
+    stopped = dist.any(stop.requested)
+    if not stopped and (not last or last["step"] != state["step"]):
+        last = run_eval()  # skipped when pre-empted: the grace period is for the checkpoint
+    if stopped or t.get("checkpoint_at_end", True):
         save()
-    if t.get("save_final"):
+    if t.get("save_final") and not stopped:
         backend.save_pretrained(str(run_dir / "final"))
     logger.close()
+    if hasattr(engine, "close"):
+        engine.close()  # after the last collective: closing vLLM tears down its process groups
+    stop.after_checkpoint()
     return last

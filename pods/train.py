@@ -5,6 +5,7 @@ The Hydra config stops here: it is resolved to a plain dict and handed to ``pods
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -30,7 +31,8 @@ def main(cfg: DictConfig) -> float | None:
     except (ConfigError, FileNotFoundError) as e:
         print(f"pods: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"[pods] run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}", flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[pods] run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}", flush=True)
     return last.get("accuracy")
 
 
