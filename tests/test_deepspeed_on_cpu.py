@@ -198,7 +198,7 @@ def test_two_zero3_ranks_train_grpo_pods_from_the_cli(cli_runs, tiny_dir):
     from pods.metrics import read_metrics
 
     base, stdout, _ = cli_runs
-    assert stdout.count("[pods] run directory:") == 2  # both ranks finished (pods.train prints once per process)
+    assert stdout.count("[pods] run directory:") == 1  # rank 0 alone prints; torchrun exits 0 only when both ranks did
     rows = read_metrics(base / "straight" / "metrics.jsonl")
     assert [r["kind"] for r in rows] == ["setup", "eval", "train", "train", "train", "eval"]  # rank 0 alone wrote
     assert rows[0]["world_size"] == 2
