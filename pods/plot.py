@@ -43,11 +43,17 @@ def plot_accuracy_vs_time(rows: list[dict], path: str | Path, title: str = "") -
         for j, run in enumerate(dict.fromkeys(r["run_dir"] for r in rows if r["label"] == label)):
             pts = sorted((r["train_time"], r["accuracy"]) for r in rows if r["run_dir"] == run and r["label"] == label)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=color, label=label if j == 0 else None)
-    ax.set_xlabel("training wall-clock (s, evaluation excluded)")
-    ax.set_ylabel("test accuracy")
+    return _save(fig, ax, path, title, "training wall-clock (s, evaluation excluded)", "test accuracy")
+
+
+def _save(fig, ax, path, title: str, xlabel: str, ylabel: str, legend_size=None) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,17 +119,7 @@ def plot_mean_curves(curves: list[dict], path: str | Path, title: str = "", time
             name = label if sources == ["ours"] else f"{label} ({source}, {max(k)} runs)"
             ax.plot(t, m, color=f"C{i}", ls="-" if j == 0 else "--", marker="o" if j == 0 else None, ms=3, label=name)
             ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2 if j == 0 else 0.08, lw=0)
-    ax.set_xlabel(f"training wall-clock ({time_unit}, evaluation excluded)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, title, f"training wall-clock ({time_unit}, evaluation excluded)", ylabel, legend_size=8)
 
 
 def time_to_reach(curves: list[dict], label: str, target: float, source: str = "ours") -> float | None:
