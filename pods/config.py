@@ -31,6 +31,7 @@ def validate(cfg: dict) -> None:
     from pods.losses import AGGREGATIONS, POLICY_LOSSES
     from pods.models import check_model_available
     from pods.schedules import SCHEDULES
+    from pods.tokens import CORRECTIONS, TOKEN_SELECTORS
     from pods.tasks import DATASETS, GRADERS, RECIPES
 
     a, t, hw = cfg["algorithm"], cfg["train"], cfg["hardware"]
@@ -47,6 +48,8 @@ def validate(cfg: dict) -> None:
     _name(ADVANTAGES, a["advantage"], "algorithm.advantage")
     _name(POLICY_LOSSES, a["policy_loss"], "algorithm.policy_loss")
     _name(AGGREGATIONS, a["loss_agg"], "algorithm.loss_agg")
+    _name(TOKEN_SELECTORS, a.get("token_rule") or "all", "algorithm.token_rule")
+    _name(CORRECTIONS, a.get("correction") or "none", "algorithm.correction")
     _need(a["epsilon"] > 0, f"algorithm.epsilon must be > 0, got {a['epsilon']}")
     _need(float(a.get("beta") or 0) >= 0, "algorithm.beta must be >= 0")
     _need(int(a.get("ppo_epochs", 1)) >= 1, "algorithm.ppo_epochs must be >= 1")

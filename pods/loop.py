@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pods import checkpoint, distributed
+from pods import checkpoint, distributed, tokens
 from pods.advantages import ADVANTAGES
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
@@ -48,9 +48,9 @@ def progress_of(state: dict, t: dict) -> float:
     return min(p, 1.0)
 
 
-def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int, dist=distributed.SINGLE) -> dict:
+def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0) -> dict:
     """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
-    statistics over every rank's groups)."""
+    statistics over every rank's groups). ``progress`` is the training progress in [0, 1]."""
     a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
     n, G = a["n"], len(prompts)
     keep = n if a.get("grad_accum") else a["m"]
@@ -67,9 +67,10 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     t_select = time.perf_counter()
     adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
     rows = (kept + torch.arange(G).unsqueeze(1) * n).flatten().tolist()
-    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id)
+    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id, groups=[r // n for r in rows])
     if t.get("old_logprobs") == "sampler":
         batch.old_logprobs = batch.sampler_logprobs
+    token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection: loss_mask / token_weights
     micro = min(G * a["m"], backend.micro_batch_size) if a.get("grad_accum") else None
     stats = backend.update(batch, lr, micro_batch_size=micro)  # (6)
     t_update = time.perf_counter()
@@ -86,6 +87,7 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
         "kept": int(kept.numel()), "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
         "tokens": ro.num_tokens, "tokens_trained": int(batch.loss_mask.sum()), "truncated": ro.finish_reasons.count("length") / len(scores),
         "timeouts": sum(sc.timed_out for sc in scores), **{f"reward_{k}": v for k, v in terms.items()},
+        **ro.metrics, **token_metrics,
     }
 
 
@@ -157,8 +159,9 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     while not finished() and not dist.any(stop.requested):  # a signal to one rank stops them all
         clock = time.perf_counter()
         idx = sampler.next()  # (1) this rank's prompts
-        lr = lr0 * schedule(progress_of(state, t), cfg["optim"].get("warmup_ratio", 0.0))
-        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist)  # (2)-(7)
+        p = progress_of(state, t)
+        lr = lr0 * schedule(p, cfg["optim"].get("warmup_ratio", 0.0))
+        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist, p)  # (2)-(7)
         row = dist.reduce_metrics(row)
         state["step"] += 1
         state["train_time"] += dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all

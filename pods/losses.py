@@ -22,6 +22,57 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) over the whole vocabulary, in nats. [B, T, V] -> [B, T].
+
+    H = logsumexp(z) - sum_v softmax(z)_v z_v with z = logits / temperature (no log of a zero probability).
+    """
+    z = logits.float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+def _head_chunk(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+    """One chunk of rows: hidden [N, H], targets [N] -> (logp [N], entropy [N] or an empty tensor)."""
+    z = head(hidden).float() / temperature  # [N, V]: the only vocabulary-sized tensors live here
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not entropy:
+        return logp, logp.new_empty(0)
+    with torch.no_grad():  # the entropy selects tokens; it is never differentiated
+        ent = lse.detach() - (torch.softmax(z.detach(), dim=-1) * z.detach()).sum(-1)
+    return logp, ent
+
+
+def chunked_token_stats(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None, entropy: bool = False):
+    """Token log-probs (and entropies) from the final hidden states without materialising [B, T, V] logits.
+
+    head: the output projection (``lm_head``, called as a module so that ZeRO-3 gathers its weight);
+    hidden [B, T, H] (after the final norm), targets [B, T]. Rows are processed ``chunk_tokens`` at a time;
+    with grad enabled each chunk is checkpointed, so forward AND backward hold at most one chunk of fp32
+    logits (chunk_tokens x V x 4 bytes, plus softmax/grad copies of that size) instead of B x T x V.
+    ``chunk_tokens`` None or 0 = one chunk (equal to the unchunked computation).
+    Returns (logp [B, T] float32, entropy [B, T] float32 without grad, or None).
+    """
+    B, T, H = hidden.shape
+    flat_h, flat_y = hidden.reshape(B * T, H), targets.reshape(B * T)
+    size = int(chunk_tokens) if chunk_tokens else B * T
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    lps, ents = [], []
+    for start in range(0, B * T, max(size, 1)):
+        h, y = flat_h[start : start + size], flat_y[start : start + size]
+        if grad and size < B * T:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(_head_chunk, head, h, y, temperature, entropy, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(head, h, y, temperature, entropy)
+        lps.append(lp)
+        ents.append(ent)
+    logp = torch.cat(lps).view(B, T)
+    return logp, (torch.cat(ents).view(B, T) if entropy else None)
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """The k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0. [B, T] -> [B, T]."""
     d = ref_logp - logp

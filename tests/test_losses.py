@@ -68,3 +68,39 @@ def test_schedules_depend_only_on_progress(name):
     assert f(0.1, 0.1) == pytest.approx(1.0)
     end = {"constant": 1.0, "cosine": 0.0, "linear": 0.0}[name]
     assert f(1.0, 0.1) == pytest.approx(end, abs=1e-9)
+
+
+def _head_and_hidden(seed=0, B=3, T=5, H=8, V=11):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g))
+    hidden = torch.randn(B, T, H, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (B, T), generator=g)
+    return head, hidden, targets
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 15, None])
+def test_chunked_token_stats_equal_the_full_logits_path_values_and_gradients(chunk):
+    from pods.losses import chunked_token_stats, token_entropy
+
+    head, hidden, targets = _head_and_hidden()
+    logits = head(hidden)
+    ref_lp, ref_ent = token_logprobs(logits, targets, 0.7), token_entropy(logits, 0.7)
+    ref_lp.sum().backward()
+    ref_grads = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    lp, ent = chunked_token_stats(head, hidden, targets, 0.7, chunk_tokens=chunk, entropy=True)
+    lp.sum().backward()
+    assert torch.allclose(lp, ref_lp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
+    assert not ent.requires_grad
+    assert torch.allclose(hidden.grad, ref_grads[0], atol=1e-6) and torch.allclose(head.weight.grad, ref_grads[1], atol=1e-6)
+
+
+def test_token_entropy_hand_values():
+    from pods.losses import token_entropy
+
+    uniform = torch.zeros(1, 1, 4)
+    assert token_entropy(uniform).item() == pytest.approx(math.log(4))
+    peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
+    assert token_entropy(peaked).item() == pytest.approx(0.0, abs=1e-6)

@@ -1,7 +1,8 @@
 """The training batch and the policy update shared by every backend.
 
-A backend supplies four hooks: ``forward_logprobs(mb)`` (with grad), ``ref_logprobs(mb)`` (no grad),
-``backward(loss)`` and ``optimizer_step(lr) -> grad_norm``. ``Backend.update`` turns a step's kept
+A backend supplies five hooks: ``forward_stats(mb, entropy)`` (with grad; log-probs and, on request,
+entropies of the completion tokens, from the chunked head in ``pods.losses``), ``forward_logprobs(mb)``,
+``ref_logprobs(mb)`` (no grad), ``backward(loss)`` and ``optimizer_step(lr) -> grad_norm``. ``Backend.update`` turns a step's kept
 rollouts into one (or ``ppo_epochs``) optimizer steps, accumulating gradients over micro-batches with the
 whole batch's normalisers, so micro-batching never changes the gradient. A data-parallel backend also
 overrides ``step_totals`` so that the normalisers are those of the step's batch over all ranks.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, fields
 import torch
 from tqdm import tqdm
 
-from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
+from pods.losses import AGGREGATIONS, POLICY_LOSSES, chunked_token_stats, k3_kl
 from pods.registry import Registry
 
 BACKENDS = Registry("training backend")
@@ -34,6 +35,47 @@ def adamw_8bit(params, o: dict):  # the authors' single-GPU optimizer; needs bit
 
 
 @dataclass
+class TokenStats:
+    """Per completion token of a batch: log-probs [B, C] (float32; with grad when from a training forward)
+    and entropies [B, C] over the whole vocabulary at the sampling temperature (no grad; None unless asked)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+def _hf_model(model):
+    """The transformers model under a DeepSpeed engine (``.module``) and/or a peft wrapper."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def token_stats(model, mb: "TrainBatch", temperature: float, chunk_tokens: int | None, entropy: bool = False) -> TokenStats:
+    """Run ``model`` (plain, peft, or a DeepSpeed engine) on ``mb`` and return its completion tokens' stats.
+
+    The model itself computes logits for its last position only (``logits_to_keep=1``); the final hidden
+    states are captured from its decoder and projected by ``lm_head`` ``chunk_tokens`` rows at a time
+    (``pods.losses.chunked_token_stats``), so no [B, C, V] tensor exists. The model is still called through
+    its own forward, so DeepSpeed's and peft's hooks run as usual.
+    """
+    hf = _hf_model(model)
+    captured = {}
+
+    def grab(module, args, output):
+        captured["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    P, C = mb.prompt_width, mb.loss_mask.shape[1]
+    pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    handle = hf.get_decoder().register_forward_hook(grab)
+    try:
+        model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos, logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
+    hidden = captured["h"][:, P - 1 : P + C - 1]  # position t predicts token t + 1
+    logp, ent = chunked_token_stats(hf.get_output_embeddings(), hidden, mb.input_ids[:, P:], temperature, chunk_tokens, entropy)
+    return TokenStats(logp, ent)
+
+
+@dataclass
 class TrainBatch:
     """B sequences laid out as [left-padded prompt | right-padded completion]; completions start at column P."""
 
@@ -45,6 +87,7 @@ class TrainBatch:
     sampler_logprobs: torch.Tensor  # [B, C], 0 on padding
     token_weights: torch.Tensor | None = None  # [B, C]
     old_logprobs: torch.Tensor | None = None  # [B, C]; None = the current policy's (detached)
+    group: torch.Tensor | None = None  # [B] long: the prompt group of each row (rows of one group share a prompt)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -60,8 +103,8 @@ class TrainBatch:
         return TrainBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
 
 
-def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_logprobs: list[list[float]], advantages, pad_id: int) -> TrainBatch:
-    """Stack sequences i = prompts[i] + completions[i] into a TrainBatch (CPU tensors)."""
+def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_logprobs: list[list[float]], advantages, pad_id: int, groups: list[int] | None = None) -> TrainBatch:
+    """Stack sequences i = prompts[i] + completions[i] into a TrainBatch (CPU tensors); ``groups[i]`` = prompt group of row i."""
     P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
     ids, attn, lmask, slp = [], [], [], []
     for p, c, lp in zip(prompts, completions, sampler_logprobs):
@@ -72,6 +115,7 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_
     return TrainBatch(
         input_ids=torch.tensor(ids), attention_mask=torch.tensor(attn), prompt_width=P, loss_mask=torch.tensor(lmask),
         advantages=torch.as_tensor(advantages, dtype=torch.float32), sampler_logprobs=torch.tensor(slp),
+        group=torch.tensor(groups, dtype=torch.long) if groups is not None else None,
     )
 
 
@@ -82,6 +126,9 @@ class Backend:
     micro_batch_size: int
     device: torch.device = torch.device("cpu")
     collective_forward: bool = False  # True when every forward is a collective over ranks (ZeRO-3): ranks run them in lockstep
+
+    def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
+        raise NotImplementedError
 
     def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -108,7 +155,15 @@ class Backend:
     @torch.no_grad()
     def policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Current-policy log-probs of the completion tokens, [B, C], without grad."""
-        return torch.cat([self.forward_logprobs(mb).float().cpu() for mb in self.micro_batches(batch)])
+        return self.policy_stats(batch).logprobs
+
+    @torch.no_grad()
+    def policy_stats(self, batch: TrainBatch, entropy: bool = False) -> TokenStats:
+        """Current-policy stats of the whole batch (no grad, CPU, float32), micro-batch by micro-batch: the
+        pre-pass that token selectors and corrections read before the update (one extra forward)."""
+        parts = [self.forward_stats(mb, entropy) for mb in self.micro_batches(batch)]
+        lp = torch.cat([p.logprobs.float().cpu() for p in parts])
+        return TokenStats(lp, torch.cat([p.entropy.float().cpu() for p in parts]) if entropy else None)
 
     def update(self, batch: TrainBatch, lr: float, micro_batch_size: int | None = None, progress: bool = False) -> dict:
         """One optimizer step per ppo epoch over the whole batch; returns the step's statistics."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from pods.backends.base import Backend, TrainBatch
+from pods.backends.base import Backend, TokenStats, TrainBatch
 from pods.backends.local import LocalBackend
 from pods.models import load_policy
 
@@ -78,7 +78,8 @@ def _layer_of(name: str) -> str:
 
 
 class DeepSpeedBackend(Backend):
-    _logprobs = LocalBackend._logprobs  # the same forward as one process
+    _token_stats = LocalBackend._token_stats  # the same forward as one process
+    _logprobs = LocalBackend._logprobs
 
     def __init__(self, model_dir: str, cfg: dict):
         import deepspeed
@@ -88,6 +89,7 @@ class DeepSpeedBackend(Backend):
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
         self.micro_batch_size = int(hw["micro_batch_size"])
         self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.chunk_tokens = hw.get("logprob_chunk_tokens")
         self.config = ds_config(cfg)
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
@@ -129,9 +131,12 @@ class DeepSpeedBackend(Backend):
         world = torch.distributed.get_world_size()
         return float(totals[0]) / world, float(totals[1]) / world
 
-    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+    def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
         self.engine.train()
-        return self._logprobs(self.engine, mb)
+        return self._token_stats(self.engine, mb, entropy)
+
+    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        return self.forward_stats(mb).logprobs
 
     @torch.no_grad()
     def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import copy
 import torch
 
-from pods.backends.base import OPTIMIZERS, Backend, TrainBatch
-from pods.losses import token_logprobs
+from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, token_stats
 from pods.models import load_policy
 
 
@@ -20,6 +19,7 @@ class LocalBackend(Backend):
         self.device = torch.device(hw.get("device", "cpu"))
         self.micro_batch_size = int(hw["micro_batch_size"])
         self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.chunk_tokens = hw.get("logprob_chunk_tokens")
         self.lora = hw["finetune"] == "lora"
         quant = cfg["model"].get("quantization")
         model = load_policy(model_dir, hw, quantization=quant)
@@ -46,15 +46,19 @@ class LocalBackend(Backend):
         """The module the HF engine generates with."""
         return self.model
 
+    def _token_stats(self, model, mb: TrainBatch, entropy: bool = False) -> TokenStats:
+        """Completion-token log-probs (and entropies) of ``model`` on ``mb``, via the chunked head (no [B, T, V] logits)."""
+        return token_stats(model, mb, self.temperature, self.chunk_tokens, entropy)
+
     def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
-        P, C = mb.prompt_width, mb.loss_mask.shape[1]
-        pos = (mb.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
-        return token_logprobs(logits[:, :-1], mb.input_ids[:, P:], self.temperature)
+        return self._token_stats(model, mb).logprobs
+
+    def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
+        self.model.train()
+        return self._token_stats(self.model, mb, entropy)
 
     def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        self.model.train()
-        return self._logprobs(self.model, mb)
+        return self.forward_stats(mb).logprobs
 
     @torch.no_grad()
     def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:

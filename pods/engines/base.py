@@ -9,7 +9,7 @@ training module (engines that generate with it, like HF, need no weight sync). I
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pods.registry import Registry
 
@@ -40,6 +40,7 @@ class Rollouts:
     logprobs: list[list[float]]  # [G*n][C_j]
     finish_reasons: list[str]  # [G*n], "stop" | "length"
     n: int
+    metrics: dict = field(default_factory=dict)  # engine-specific per-step numbers, merged into the step's metrics row
 
     def __post_init__(self):
         if len(self.completion_ids) != len(self.prompt_ids) * self.n:
