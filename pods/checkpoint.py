@@ -11,7 +11,11 @@ file that is not a pods checkpoint (or was written before this format) fails wit
 DeepSpeed 0.19.8): resume only from shard directories your own runs wrote.
 
 Retention: ``keep`` (``train.keep_checkpoints``) keeps the newest k checkpoints of the run directory (with
-their shard directories) and deletes older ones after the new one is complete; null keeps every one.
+their shard directories) and deletes older ones after the new one is complete; null keeps every one. At the end
+of a run that was not pre-empted, ``train.checkpoint_at_end`` decides: ``full`` writes the resumable state (to
+extend the run later), ``weights`` only the policy (``save_pretrained`` into ``<run_dir>/final``) and ``false``
+nothing; with ``weights``/``false`` the run's periodic checkpoints (kept for pre-emption) are deleted too, so a
+finished run leaves no optimizer state behind. A pre-empted run always writes the full state.
 """
 
 from __future__ import annotations
@@ -89,6 +93,16 @@ def prune(ckpt_dir: Path, keep: int | None, current: Path) -> list[Path]:
     for d in orphans:
         shutil.rmtree(d, ignore_errors=True)
     return old + orphans
+
+
+def discard(ckpt_dir: Path, dist=None) -> None:
+    """Delete every checkpoint of a finished run (``checkpoint_at_end`` weights/false: nothing resumes it)."""
+    if dist is not None:
+        dist.barrier()
+    if (dist is None or dist.is_main) and ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    if dist is not None:
+        dist.barrier()
 
 
 def latest(ckpt_dir: Path) -> Path | None:

@@ -6,6 +6,8 @@ valid choices.
 
 from __future__ import annotations
 
+import os
+
 from pods.registry import Registry
 
 
@@ -76,6 +78,7 @@ def validate(cfg: dict) -> None:
     _need(t.get("old_logprobs", "policy") in ("policy", "sampler"), "train.old_logprobs must be 'policy' or 'sampler'")
     _checkpoints(t)
     _context(cfg["rollout"])
+    _launcher(hw, cfg["rollout"])
     check_model_available(cfg["model"])
 
 
@@ -97,3 +100,13 @@ def _context(r: dict) -> None:
     given = r.get("max_model_len")
     _need(given is not None or need is not None, "rollout.max_model_len is null and dataset.max_prompt_length is null: set one (null would give vLLM the model's whole context and its KV cache)")
     _need(given is None or need is None or int(given) >= need, f"rollout.max_model_len ({given}) < dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens) ({need}): raise it or set it to null (derived)")
+
+
+def _launcher(hw: dict, rollout: dict) -> None:
+    """A multi-GPU profile started as one process (``python -m pods.train``, a Hydra multirun through the submitit
+    launcher) would train on 1 of its GPUs without a word: refuse it. torchrun sets WORLD_SIZE."""
+    nproc, world = int(hw.get("nproc_per_node") or 1), os.environ.get("WORLD_SIZE")
+    _need(nproc == 1 or world is not None, f"hardware.nproc_per_node={nproc} ({hw.get('name')}) needs one process per GPU, but this is a single process "
+          f"without a launcher (WORLD_SIZE unset; a Hydra multirun starts one): submit each run with `sbatch slurm/run_8gpu.sbatch experiment=... seed=...` "
+          f"or start it with `torchrun --nproc_per_node {nproc} -m pods.train ...`")
+    _need(not (rollout.get("multiprocessing") and int(world or 1) > 1), "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process")

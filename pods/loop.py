@@ -170,8 +170,8 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         bar.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{state['train_time']:.0f}s")
         if _due(state["last_eval"], state["train_time"], ev.get("every_s")) or (ev.get("every_steps") and state["step"] % ev["every_steps"] == 0):
             last = run_eval()  # (9), off the training clock
-        if _due(state["last_ckpt"], state["train_time"], t.get("checkpoint_every_s")) or (t.get("checkpoint_every_steps") and state["step"] % t["checkpoint_every_steps"] == 0):
-            save()  # (10)
+        if not finished() and (_due(state["last_ckpt"], state["train_time"], t.get("checkpoint_every_s")) or (t.get("checkpoint_every_steps") and state["step"] % t["checkpoint_every_steps"] == 0)):
+            save()  # (10); the last step's is train.checkpoint_at_end's
     bar.close()
     stopped = dist.any(stop.requested)
     if not stopped and (not last or last["step"] != state["step"]):
@@ -181,6 +181,8 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         save()
     if (t.get("save_final") or at_end == "weights") and not stopped:
         backend.save_pretrained(str(run_dir / "final"))
+    if not stopped and at_end != "full":
+        checkpoint.discard(ckpt_dir, dist)  # a finished run resumes no more: its periodic checkpoints go
     logger.close()
     if hasattr(engine, "close"):
         engine.close()  # after the last collective: closing vLLM tears down its process groups

@@ -106,10 +106,15 @@ def compose_or_xfail(overrides: list[str], hydra: bool = False):
 
 
 def validated(cfg: dict) -> dict:
-    """pods.config.validate with the model swapped for the tiny one (no hub access): every name must be registered."""
+    """pods.config.validate with the model swapped for the tiny one (no hub access): every name must be registered.
+    Multi-GPU profiles are validated as torchrun's ranks see them (WORLD_SIZE set)."""
+    import os
+    from unittest import mock
+
     from pods.config import validate
 
-    validate({**cfg, "model": {"name": "tiny", "builder": "tiny", "path": None, "spec": {}}})
+    with mock.patch.dict(os.environ, {"WORLD_SIZE": str(cfg["hardware"].get("nproc_per_node") or 1)}):
+        validate({**cfg, "model": {"name": "tiny", "builder": "tiny", "path": None, "spec": {}}})
     return cfg
 
 

@@ -165,6 +165,30 @@ def test_process_group_times_out_on_a_hung_rank(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Launch guards: an 8-GPU experiment started as one process
+# ----------------------------------------------------------------------------------------------------------
+def test_hydra_multirun_of_an_8gpu_experiment_is_refused(tmp_path):
+    """``python -m pods.train -m experiment=gsm8k_qwen3b_pods_h100x8 seed=1,2`` (Hydra's own single-process launcher;
+    the submitit launcher starts the same single process per job): exit 2 with one line naming
+    slurm/run_8gpu.sbatch, before any model loads (before: it trained on 1 of the 8 GPUs without a word)."""
+    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "pods.train", "-m", "experiment=gsm8k_qwen3b_pods_h100x8", "seed=1,2", f"hydra.sweep.dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "slurm/run_8gpu.sbatch" in p.stderr and "hardware.nproc_per_node=8" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_an_8gpu_experiment_validates_under_torchrun(monkeypatch):
+    """The same config passes where torchrun set WORLD_SIZE (any value: PODS_NPROC may differ from 8)."""
+    from pods.config import validate
+
+    cfg = compose(["experiment=gsm8k_qwen3b_pods_h100x8"])
+    cfg["model"] = {"name": "tiny", "builder": "tiny", "path": None, "spec": {}}
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    validate(cfg)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Checkpoints: safe loading, retention, what the end of a run writes
 # ----------------------------------------------------------------------------------------------------------
 class _Payload:
@@ -227,13 +251,14 @@ def _run(tmp_path: Path, overrides: list[str], steps: int = 3) -> Path:
 
 def test_keep_last_k_checkpoints_and_end_of_run_modes(tiny_dir, tmp_path):
     """keep_checkpoints=2 with a checkpoint every step keeps steps 2-3 only (and ``latest`` -> step 3);
-    checkpoint_at_end=weights writes the final policy (final/) and no resumable state; false writes nothing."""
+    checkpoint_at_end=weights writes the final policy (final/) and leaves no resumable state (the periodic
+    checkpoints are deleted at the end); false leaves nothing."""
     kept = _run(tmp_path / "keep", ["train.checkpoint_every_steps=1", "train.keep_checkpoints=2"])
     assert sorted(p.name for p in kept.glob("step_*")) == ["step_000002.pt", "step_000003.pt"]
     assert (kept / "latest").read_text() == "step_000003.pt"
-    weights = _run(tmp_path / "weights", ["train.checkpoint_at_end=weights"], steps=1)
-    assert not list(weights.glob("step_*")) and (tmp_path / "weights" / "final" / "model.safetensors").exists()
-    nothing = _run(tmp_path / "none", ["train.checkpoint_at_end=false"], steps=1)
+    weights = _run(tmp_path / "weights", ["train.checkpoint_at_end=weights", "train.checkpoint_every_steps=1"], steps=2)
+    assert not weights.exists() and (tmp_path / "weights" / "final" / "model.safetensors").exists()
+    nothing = _run(tmp_path / "none", ["train.checkpoint_at_end=false", "train.checkpoint_every_steps=1"], steps=2)
     assert not nothing.exists() and not (tmp_path / "none" / "final").exists()
 
 
