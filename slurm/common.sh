@@ -14,19 +14,24 @@ pods_setup() {
     # One run directory per job (array task), stable across requeues: the job id does not change.
     local id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}
     PODS_RUN_DIR=${PODS_RUN_DIR:-runs/slurm/${SLURM_JOB_NAME:-pods}_${id:-${SLURM_JOB_ID:-local}}}
+    # PODS_ARGS: overrides placed before the user's. Arrays that can be empty are expanded as
+    # ${A[@]+"${A[@]}"}: the plain quoted expansion of an empty array aborts under `set -u` on bash < 4.4.
+    PODS_ARGS=()
     # Array jobs without an explicit seed=...: the array index is the seed (sbatch --array=1-10 ...).
-    PODS_SEED_ARG=()
-    if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then PODS_SEED_ARG=("seed=${SLURM_ARRAY_TASK_ID}"); fi
-    # No GPU visible (a CPU node, or the local test cluster): run on CPU unless PODS_CPU_FALLBACK=0.
-    PODS_DEVICE_ARG=()
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        PODS_GPUS=$(nvidia-smi -L | wc -l)
+    if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then PODS_ARGS+=("seed=${SLURM_ARRAY_TASK_ID}"); fi
+    # A GPU script on a node without a visible GPU fails, unless CPU was asked for (PODS_ALLOW_CPU=1: a CPU
+    # node or the local test cluster, small *_cpu experiments only).
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ "$(nvidia-smi -L | grep -c '^GPU')" -gt 0 ]; then
+        PODS_GPUS=$(nvidia-smi -L | grep -c '^GPU')
         nvidia-smi -L
-    else
+    elif [ "${PODS_ALLOW_CPU:-0}" = 1 ]; then
         PODS_GPUS=0
-        if [ "${PODS_CPU_FALLBACK:-1}" = 0 ]; then echo "[pods] no GPU visible and PODS_CPU_FALLBACK=0" >&2; exit 2; fi
-        echo "[pods] no GPU visible: running on CPU (hardware.device=cpu). Only small (e.g. *_cpu) experiments make sense here."
-        PODS_DEVICE_ARG=("hardware.device=cpu")
+        echo "[pods] no GPU visible and PODS_ALLOW_CPU=1: running on CPU (hardware.device=cpu)."
+        PODS_ARGS+=("hardware.device=cpu")
+    else
+        echo "[pods] no GPU visible on $(hostname) (nvidia-smi missing or lists none; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset})." \
+             "This is a GPU script: check the partition/--gpus request and the driver, or set PODS_ALLOW_CPU=1 to run on CPU on purpose." >&2
+        exit 2
     fi
     echo "[pods] job ${SLURM_JOB_ID:-none} on $(hostname) in $PODS_ROOT, run directory $PODS_RUN_DIR, restart ${SLURM_RESTART_COUNT:-0}"
 }

@@ -189,6 +189,50 @@ def test_an_8gpu_experiment_validates_under_torchrun(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# SLURM scripts: no silent CPU fallback, no empty arrays under set -u
+# ----------------------------------------------------------------------------------------------------------
+def _setup(tmp_path: Path, gpus: int | None, **env) -> subprocess.CompletedProcess:
+    """Run slurm/common.sh's pods_setup under ``set -u`` as the sbatch scripts do; print what it decided. ``gpus``:
+    None = no nvidia-smi on PATH; k = a stand-in nvidia-smi listing k GPUs (0 = the driver answers with an error)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    if gpus is not None:
+        lines = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'; " for i in range(gpus))
+        (bindir / "nvidia-smi").write_text(f"#!/bin/bash\n{lines or 'echo No devices were found >&2; exit 6'}\n")
+        (bindir / "nvidia-smi").chmod(0o755)
+    script = 'set -uo pipefail; source slurm/common.sh; pods_setup >/dev/null; echo "GPUS=$PODS_GPUS"; printf "ARG=%s\\n" ${PODS_ARGS[@]+"${PODS_ARGS[@]}"}'
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PODS_"))}
+    path = os.pathsep.join([str(bindir), "/usr/bin", "/bin"])
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env={**clean, "PATH": path, "PODS_ROOT": str(ROOT), **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_gpu_scripts_fail_without_a_gpu_unless_cpu_is_asked_for(tmp_path):
+    """No nvidia-smi, or one that finds no GPU: the job stops with exit 2 and a message (before: it ran the GPU
+    experiment on CPU without a word). PODS_ALLOW_CPU=1 runs on CPU on purpose (hardware.device=cpu). The
+    8-GPU listing comes from a stand-in nvidia-smi: the real one needs a GPU node."""
+    for gpus in (None, 0):
+        p = _setup(tmp_path, gpus)
+        assert p.returncode == 2 and "no GPU visible" in p.stderr and "PODS_ALLOW_CPU=1" in p.stderr, (gpus, p.stdout, p.stderr)
+    cpu = _setup(tmp_path / "cpu", None, PODS_ALLOW_CPU="1")
+    assert cpu.returncode == 0 and cpu.stdout.split() == ["GPUS=0", "ARG=hardware.device=cpu"], cpu.stderr
+    eight = _setup(tmp_path / "gpu", 8, SLURM_ARRAY_JOB_ID="7", SLURM_ARRAY_TASK_ID="3")
+    assert eight.returncode == 0 and eight.stdout.split() == ["GPUS=8", "ARG=seed=3"], eight.stderr
+
+
+def test_no_unguarded_array_expansion_in_the_slurm_scripts():
+    """Every "${ARRAY[@]}" in slurm/ is written ${ARRAY[@]+"${ARRAY[@]}"}: a plain expansion of an empty array
+    aborts with "unbound variable" under set -u on bash < 4.4 (e.g. RHEL/CentOS 7's bash 4.2). This machine's
+    bash 5.2 does not abort, so the check reads the scripts; only an old bash can show the abort itself."""
+    import re
+
+    for script in sorted((ROOT / "slurm").iterdir()):
+        text = script.read_text()
+        plain = re.findall(r'"\$\{(\w+)\[@\]\}"', text)
+        guarded = re.findall(r'\$\{(\w+)\[@\]\+"\$\{\1\[@\]\}"\}', text)
+        assert len(plain) == len(guarded), (script.name, plain, guarded)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Checkpoints: safe loading, retention, what the end of a run writes
 # ----------------------------------------------------------------------------------------------------------
 class _Payload:

@@ -77,11 +77,11 @@ def test_hydra_multirun_through_the_submitit_launcher(cluster, tiny_dir, tmp_pat
 
 def test_1gpu_script_runs_on_cpu_checkpoints_on_the_warning_requeues_and_resumes(cluster, tiny_dir, tmp_path):
     """sbatch slurm/run_1gpu.sbatch with its real #SBATCH lines (1 GPU: the node's stand-in). No GPU is visible, so
-    it falls back to CPU. The pre-emption warning (--signal=B:USR1, sent here at once with scancel --batch) makes the
+    it runs on CPU as PODS_ALLOW_CPU=1 asks. The pre-emption warning (--signal=B:USR1, sent here at once with scancel --batch) makes the
     run checkpoint and exit, the script requeues the job, and the requeued job resumes to the end."""
     run_dir = tmp_path / "run"
     args = ["experiment=toy_grpo_16_16_cpu", "train.max_steps=null", "train.time_budget_s=12", "eval.at_start=false", *EVAL]
-    job = sbatch(cluster, "run_1gpu.sbatch", args, tmp_path, job_env(cluster, PODS_RUN_DIR=str(run_dir)), ["--cpus-per-task=2", "--mem=2G"])
+    job = sbatch(cluster, "run_1gpu.sbatch", args, tmp_path, job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_ALLOW_CPU="1"), ["--cpus-per-task=2", "--mem=2G"])
     deadline = time.time() + 180  # generous: the tests may share 2 cores with others
     while not (run_dir / "metrics.jsonl").exists() or not read_metrics(run_dir / "metrics.jsonl", "train"):
         assert time.time() < deadline and cluster.state(job) in ("PENDING", "RUNNING", "UNKNOWN"), (cluster.state(job), cluster.logs())
@@ -90,7 +90,7 @@ def test_1gpu_script_runs_on_cpu_checkpoints_on_the_warning_requeues_and_resumes
     state = cluster.wait(job, timeout=240)
     log = (tmp_path / f"{job}.out").read_text()
     assert state == "COMPLETED" and cluster.job(job)["Restarts"] == "1", (state, log[-3000:], cluster.logs())
-    assert "no GPU visible: running on CPU" in log and "requeueing job" in log and "resumed from" in log
+    assert "no GPU visible and PODS_ALLOW_CPU=1: running on CPU" in log and "requeueing job" in log and "resumed from" in log
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")]
     assert steps == list(range(1, len(steps) + 1))  # every step exactly once across the two job starts
     assert read_metrics(run_dir / "metrics.jsonl", "train")[-1]["train_time"] >= 12  # the whole budget, not just the first part
@@ -102,7 +102,7 @@ def test_8gpu_script_srun_torchrun_two_cpu_ranks(cluster, tiny_dir, tmp_path):
     DeepSpeed ZeRO-3 on gloo (hardware=cpu_ddp2_zero3); rank 0 writes the metrics, both ranks finish."""
     run_dir = tmp_path / "run"
     args = ["experiment=toy_pods_64_16_cpu", "hardware=cpu_ddp2_zero3", "train.max_steps=2", *SHORT]
-    env = job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_NPROC="2")
+    env = job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_NPROC="2", PODS_ALLOW_CPU="1")
     job = sbatch(cluster, "run_8gpu.sbatch", args, tmp_path, env, ["--cpus-per-task=2", "--mem=4G"])
     state = cluster.wait(job, timeout=300)
     assert state == "COMPLETED", (state, (tmp_path / f"{job}.out").read_text()[-3000:], cluster.logs())
