@@ -163,7 +163,7 @@ def test_deepspeed_config_is_generated_from_hydra(profile, stage, bf16):
     assert d["zero_optimization"]["stage"] == stage and d["bf16"]["enabled"] is bf16 and d["gradient_clipping"] == 0.3
     assert d["train_micro_batch_size_per_gpu"] == 5 and d["gradient_accumulation_steps"] == 1 and d["managed_gradient_accumulation"] is False
     assert d["optimizer"]["type"] == "AdamW" and d["optimizer"]["params"]["lr"] == 2e-5
-    assert d["optimizer"]["params"]["torch_adam"] is (profile.startswith("cpu"))
+    assert d["optimizer"]["params"]["torch_adam"] is True  # torch's AdamW everywhere: FusedAdam needs nvcc, not installed
     hw = cfg["hardware"]
     assert hw["backend"] == "deepspeed" and hw["finetune"] == "full" and hw["dist_backend"] == ("gloo" if profile.startswith("cpu") else "nccl")
     assert hw["gradient_checkpointing"] is not profile.startswith("cpu")

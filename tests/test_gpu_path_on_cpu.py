@@ -233,6 +233,26 @@ def test_no_unguarded_array_expansion_in_the_slurm_scripts():
 
 
 # ----------------------------------------------------------------------------------------------------------
+# DeepSpeed's optimizer on the GPU profiles
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("profile", ["h100x8_zero3", "h100x8_zero2", "a100x8_zero3", "a100x8_zero2"])
+def test_gpu_profiles_use_torch_adamw_and_fusedadam_without_nvcc_fails_early(profile, monkeypatch):
+    """Every GPU profile generates torch's AdamW (``torch_adam: true``): DeepSpeed's FusedAdam JIT-builds with nvcc
+    of CUDA 13 at start-up and environment.yml installs no toolkit (before: ``torch_adam: false`` -> a build
+    failure after the model had loaded). Asking for FusedAdam where no nvcc exists fails in one line naming the
+    key, before any model loads. That torch's AdamW then runs inside ZeRO on 8 GPUs needs a GPU to show; on CPU
+    the same optimizer path runs in tests/test_deepspeed_on_cpu.py."""
+    from pods.backends.deepspeed import ds_config
+    from pods.config import ConfigError
+
+    assert ds_config(compose([f"hardware={profile}"]))["optimizer"]["params"]["torch_adam"] is True
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    with pytest.raises(ConfigError, match="hardware.deepspeed.torch_adam"):
+        ds_config(compose([f"hardware={profile}", "hardware.deepspeed.torch_adam=false"]))
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Checkpoints: safe loading, retention, what the end of a run writes
 # ----------------------------------------------------------------------------------------------------------
 class _Payload:

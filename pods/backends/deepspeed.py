@@ -3,8 +3,10 @@ partitioned over ranks) or ZeRO-2 (gradients and optimizer state partitioned; wh
 
 Launch: ``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...`` (or the ``deepspeed``
 launcher). The DeepSpeed config is generated from the Hydra config (``ds_config``): stage, bf16/fp32,
-gradient clipping = ``optim.max_grad_norm``, micro-batch, AdamW (``torch_adam`` on CPU); gradient
-checkpointing is HF's (``hardware.gradient_checkpointing``).
+gradient clipping = ``optim.max_grad_norm``, micro-batch, AdamW; gradient checkpointing is HF's
+(``hardware.gradient_checkpointing``). AdamW is torch's (``hardware.deepspeed.torch_adam: true``, every profile):
+DeepSpeed's FusedAdam is JIT-compiled at start-up with an nvcc matching torch's CUDA (13 for torch 2.13), a
+toolkit ``environment.yml`` does not install; ``torch_adam: false`` without nvcc fails before the model loads.
 
 Gradient accumulation belongs to the loop: ``Backend.update`` calls ``backward`` once per micro-batch with
 the step's normalisers and ``optimizer_step`` once, so DeepSpeed runs with ``gradient_accumulation_steps=1``
@@ -60,7 +62,7 @@ def ds_config(cfg: dict) -> dict:
         "gradient_clipping": float(o.get("max_grad_norm") or 0.0),
         "optimizer": {"type": "AdamW", "params": {
             "lr": float(o["lr"]), "betas": list(o["betas"]), "eps": float(o["eps"]), "weight_decay": float(o["weight_decay"]),
-            "torch_adam": bool(d.get("torch_adam", False)),
+            "torch_adam": _torch_adam(hw),
         }},
         "bf16": {"enabled": hw["dtype"] == "bfloat16"},
         "fp16": {"enabled": hw["dtype"] == "float16"},
@@ -69,6 +71,21 @@ def ds_config(cfg: dict) -> dict:
         "wall_clock_breakdown": False,
     }
     return _merge(conf, d.get("config") or {})
+
+
+def _torch_adam(hw: dict) -> bool:
+    """torch's AdamW unless the profile asks for FusedAdam, which needs nvcc (a CUDA toolkit) to JIT-build on GPUs."""
+    import os
+    import shutil
+
+    from pods.config import ConfigError
+
+    torch_adam = bool((hw.get("deepspeed") or {}).get("torch_adam", True))
+    no_nvcc = shutil.which("nvcc") is None and not os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc"))
+    if not torch_adam and str(hw.get("device", "cpu")).startswith("cuda") and no_nvcc:
+        raise ConfigError("hardware.deepspeed.torch_adam=false: DeepSpeed's FusedAdam is JIT-built with nvcc at start-up and no CUDA toolkit "
+                          "was found (nvcc not on PATH, CUDA_HOME unset): set hardware.deepspeed.torch_adam=true or install nvcc of torch's CUDA")
+    return torch_adam
 
 
 def _layer_of(name: str) -> str:
