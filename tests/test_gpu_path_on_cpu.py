@@ -437,5 +437,49 @@ def test_checkpoint_settings_are_validated(bad):
         validate(compose([bad]))
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Environments: the CUDA 12 pair, by resolution
+# ----------------------------------------------------------------------------------------------------------
+def _extras() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_environment_files_name_existing_extras_and_the_cuda12_pair():
+    """environment.yml installs the `gpu` extra (vllm 0.32.0 -> torch 2.13, CUDA 13, driver >= 580);
+    environment-cuda12.yml the `gpu-cuda12` extra, vllm 0.19.1 (which pins torch 2.10.0, CUDA 12.8)."""
+    import re
+
+    import yaml
+
+    extras = _extras()
+    for name, extra in (("environment.yml", "gpu"), ("environment-cuda12.yml", "gpu-cuda12")):
+        pip = yaml.safe_load((ROOT / name).read_text())["dependencies"][-1]["pip"]
+        assert pip == [f"-e .[{extra},test]"] and extra in extras, name
+    assert "vllm==0.32.0" in extras["gpu"] and "vllm==0.19.1" in extras["gpu-cuda12"]
+    assert re.search(r"driver >= 580", (ROOT / "environment.yml").read_text())
+
+
+@pytest.mark.slow
+def test_cuda12_extra_resolves_on_linux(tmp_path):
+    """``pip install --dry-run`` of the gpu-cuda12 extra's binary requirements for Linux x86_64 / Python 3.11 against
+    PyPI resolves, with a CUDA 12 torch (2.10.0, nvidia-cuda-runtime-cu12). Needs PyPI (skips without it); DeepSpeed
+    is a source distribution (torch>=2.0.0) and is left out of the binary-only resolution. Running it needs a GPU."""
+    import json
+
+    reqs = [r for r in _extras()["gpu-cuda12"] if not r.startswith("deepspeed")] + ["peft>=0.17", "datasets>=3.0"]
+    platforms = [a for p in ("manylinux_2_17", "manylinux2014", "manylinux_2_24", "manylinux_2_27", "manylinux_2_28", "manylinux_2_31", "manylinux_2_34", "manylinux_2_35") for a in ("--platform", f"{p}_x86_64")]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--only-binary=:all:", *platforms, "--python-version", "3.11",
+           "--target", str(tmp_path / "t"), "--index-url", "https://pypi.org/simple", "--report", str(tmp_path / "r.json"), *reqs]
+    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"} | {"PIP_CONFIG_FILE": os.devnull}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    if p.returncode and ("Network is unreachable" in p.stderr or "Failed to establish" in p.stderr):
+        pytest.skip("PyPI unreachable")
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads((tmp_path / "r.json").read_text())["install"]}
+    assert got["torch"] == "2.10.0" and got["vllm"] == "0.19.1" and got["nvidia-cuda-runtime-cu12"].startswith("12.8")
+
+
 if __name__ == "__main__":  # torchrun ... tests/test_gpu_path_on_cpu.py WHAT OUT_DIR
     {"vllm": vllm_worker, "timeout": timeout_worker}[sys.argv[1]](Path(sys.argv[2]))
