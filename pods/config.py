@@ -52,6 +52,7 @@ def validate(cfg: dict) -> None:
     _name(AGGREGATIONS, a["loss_agg"], "algorithm.loss_agg")
     _name(TOKEN_SELECTORS, a.get("token_rule") or "all", "algorithm.token_rule")
     _name(CORRECTIONS, a.get("correction") or "none", "algorithm.correction")
+    _d3s(a, RULES, TOKEN_SELECTORS)
     _need(a["epsilon"] > 0, f"algorithm.epsilon must be > 0, got {a['epsilon']}")
     _need(float(a.get("beta") or 0) >= 0, "algorithm.beta must be >= 0")
     _need(int(a.get("ppo_epochs", 1)) >= 1, "algorithm.ppo_epochs must be >= 1")
@@ -80,6 +81,26 @@ def validate(cfg: dict) -> None:
     _context(cfg["rollout"])
     _launcher(hw, cfg["rollout"])
     check_model_available(cfg["model"])
+
+
+def _d3s(a: dict, rules: Registry, selectors: Registry) -> None:
+    """D3S keys (pods.d3s): advantage scope, the (N, K) schedule, the token fraction."""
+    from pods.schedules import RAMPS
+
+    scope = a.get("advantage_scope") or "kept"
+    _need(scope in ("kept", "group"), f"algorithm.advantage_scope must be 'kept' or 'group', got '{scope}'")
+    cross = getattr(rules.get(a["rule"]), "cross_group", False)
+    _need(not cross or scope == "group", f"algorithm.rule '{a['rule']}' selects on full-group advantages: set algorithm.advantage_scope=group")
+    _name(RAMPS, a.get("ramp") or "linear", "algorithm.ramp")
+    m_final = a.get("m_final")
+    if m_final is not None:
+        _need(isinstance(m_final, int) and 1 <= m_final <= a["n"], f"algorithm.m_final must be an integer in [1, n={a['n']}] (or null), got {m_final!r}")
+        _need(not a.get("grad_accum"), "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
+        _need(a["rule"] != "all", "algorithm.m_final needs a down-sampling rule; rule 'all' keeps every rollout")
+    for key in getattr(selectors.get(a.get("token_rule") or "all"), "fraction_keys", ()):  # d3s_top_k: token_keep(_final)
+        v, optional = a.get(key), key.endswith("_final")
+        ok = (v is None and optional) or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1)
+        _need(ok, f"algorithm.{key} must be a fraction in (0, 1]{' or null' if optional else ''}, got {v!r}")
 
 
 def _checkpoints(t: dict) -> None:

@@ -257,3 +257,21 @@ def select(
     Unknown ``rule`` raises ValueError listing the valid names (``RULES.names()``).
     """
     return RULES.get(rule)(rewards, m, generator=generator)
+
+
+# D3S (arXiv 2509.22115): rules that read advantages normalised on the full group (pods.d3s).
+RULES.register_lazy("d3s_intra", "pods.d3s:intra_group")
+RULES.register_lazy("d3s_cross", "pods.d3s:cross_group")
+
+
+def kept_rows(rule: str, scores: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+    """The kept rollouts as flat row indices ``g * n + j`` into the step's ``scores: [G, n]``, ascending: ``LongTensor[K]``.
+
+    A per-group rule keeps m per group (K = G * m); a rule with ``cross_group = True`` (``d3s_cross``) picks
+    over all G groups at once and returns the flat indices itself (K = G * m, any number per group).
+    """
+    fn = RULES.get(rule)
+    if getattr(fn, "cross_group", False):
+        return fn(scores, m, generator=generator)
+    G, n = scores.shape
+    return (fn(scores, m, generator=generator) + n * torch.arange(G, device=scores.device).unsqueeze(1)).flatten()

@@ -1,7 +1,8 @@
 """The training loop: GRPO, GRPO-GA and GRPO-PODS are one loop with different config values.
 
 Each step: (1) sample prompts, (2) generate n rollouts per prompt, (3) score them, (4) down-sample to m
-per prompt group with the named rule, (5) advantages on the kept m, (6) policy update, (7) sync weights
+per prompt group with the named rule, (5) advantages on the kept m (D3S: on the full group of n, before (4), and
+the rule reads them), (5b) token-level corrections and selection, (6) policy update, (7) sync weights
 into the engine, (8) log, (9) evaluate on the training clock's schedule, (10) checkpoint.
 GRPO is rule ``all`` with m = n; GRPO-GA keeps all n and trains them in micro-batches of m with one
 optimizer step; PODS keeps m of n. The training clock (``train_time``) excludes evaluation and
@@ -28,7 +29,8 @@ from pods.advantages import ADVANTAGES
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
-from pods.downsample import select
+from pods.d3s import sample_count
+from pods.downsample import kept_rows
 from pods.engines import ENGINES, Sampling
 from pods.evaluate import evaluate
 from pods.metrics import MetricsLogger
@@ -53,7 +55,7 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     statistics over every rank's groups). ``progress`` is the training progress in [0, 1]."""
     a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
     n, G = a["n"], len(prompts)
-    keep = n if a.get("grad_accum") else a["m"]
+    keep = n if a.get("grad_accum") else sample_count(a, progress)  # m, or D3S's N(p) when algorithm.m_final is set
     s = cfg["sampling"]
     clock = time.perf_counter()
     ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"], stop=tuple(s.get("stop") or ())))  # (2)
@@ -61,13 +63,17 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))  # (3)
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
     t_score = time.perf_counter()
-    kept = select(a["rule"], rewards, keep, generator=gen)  # (4) [G, keep], per prompt group
-    kept_rewards = rewards.gather(1, kept)
+    group_adv = ADVANTAGES.get(a["advantage"])(rewards) if a.get("advantage_scope") == "group" else None  # D3S: A on the full group
+    kept = kept_rows(a["rule"], rewards if group_adv is None else group_adv, keep, generator=gen)  # (4) [G * keep] flat row indices
+    kept_rewards = rewards.flatten()[kept]
     all_rewards, all_kept = dist.all_gather(rewards), dist.all_gather(kept_rewards)  # for logging: every rank's groups
     t_select = time.perf_counter()
-    adv = ADVANTAGES.get(a["advantage"])(kept_rewards).float()  # (5) on the kept rollouts only
-    rows = (kept + torch.arange(G).unsqueeze(1) * n).flatten().tolist()
-    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv.flatten(), pad_id, groups=[r // n for r in rows])
+    if group_adv is None:  # (5) PODS/GRPO: on the kept rollouts only (per-group rules: keep per group)
+        adv = ADVANTAGES.get(a["advantage"])(kept_rewards.view(G, keep)).float().flatten()
+    else:  # (5) D3S: the full-group advantages of the kept rollouts, not re-normalised
+        adv = group_adv.flatten()[kept].float()
+    rows = kept.tolist()
+    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv, pad_id, groups=[r // n for r in rows])
     if t.get("old_logprobs") == "sampler":
         batch.old_logprobs = batch.sampler_logprobs
     token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection: loss_mask / token_weights

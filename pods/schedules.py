@@ -36,3 +36,23 @@ def linear(progress: float, warmup: float = 0.0) -> float:
     if progress < warmup:
         return _warmup(progress, warmup)
     return max(0.0, 1 - (progress - warmup) / max(1e-12, 1 - warmup))
+
+
+# Ramps r(p) in [0, 1] for quantities that move from an initial to a final value as training progresses
+# (D3S's (N, K) schedule, pods.d3s.ramped): value = (1 - r) * initial + r * final.
+RAMPS = Registry("down-sampling ramp")
+
+
+@RAMPS.register("linear")
+def linear_ramp(progress: float) -> float:
+    return progress
+
+
+@RAMPS.register("cosine")
+def cosine_ramp(progress: float) -> float:
+    return 0.5 * (1 - math.cos(math.pi * progress))
+
+
+@RAMPS.register("constant")
+def constant_ramp(progress: float) -> float:
+    return 0.0

@@ -38,6 +38,9 @@ def keep_all_tokens(batch, ctx: StepContext) -> dict:
     return {}
 
 
+TOKEN_SELECTORS.register_lazy("d3s_top_k", "pods.d3s:top_k_tokens")  # D3S: top K% of tokens by |A| x entropy
+
+
 @CORRECTIONS.register("none")
 def no_correction(batch, ctx: StepContext) -> dict:
     """The sampler is taken to be the policy (dense rollouts)."""

@@ -61,18 +61,18 @@ def test_advantages_are_computed_on_the_kept_subset(tiny_dir, tmp_path, monkeypa
     import pods.loop as loop
 
     seen = {}
-    real_select, real_update = loop.select, base.Backend.update
+    real_select, real_update = loop.kept_rows, base.Backend.update
 
-    def spy_select(rule, rewards, m, generator=None):
+    def spy_select(rule, rewards, m, generator=None):  # flat row indices g * n + j of the kept rollouts
         kept = real_select(rule, rewards, m, generator=generator)
-        seen["rewards"], seen["kept"] = rewards.clone(), kept.clone()
+        seen["rewards"], seen["kept"] = rewards.clone(), (kept.view(rewards.shape[0], m) % rewards.shape[1]).clone()
         return kept
 
     def spy_update(self, batch, lr, **kw):
         seen["adv"] = batch.advantages.clone()
         return real_update(self, batch, lr, **kw)
 
-    monkeypatch.setattr(loop, "select", spy_select)
+    monkeypatch.setattr(loop, "kept_rows", spy_select)
     monkeypatch.setattr(base.Backend, "update", spy_update)
     cfg = shrink(compose(["algorithm=grpo_pods", "algorithm.n=8", "algorithm.m=3", "algorithm.rule=max_reward"]), steps=1)
     train(cfg, tmp_path)
