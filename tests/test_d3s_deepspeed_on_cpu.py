@@ -3,7 +3,8 @@
 The worker (this file under torchrun) splits a fixed 8-sequence batch over the 2 ranks (rank r: rows 4r..4r+3),
 runs the real entropy pre-pass, keeps the top K of the tokens by |A| x entropy with the threshold gathered over
 both ranks, and takes one optimizer step. One process with ``LocalBackend`` and the whole batch must choose the
-same tokens (the rank-order tie rule is the batch's row order) and reach the same weights.
+same tokens (the rank-order tie rule is the batch's row order) and reach the same weights. About 30 s with the
+machine loaded (load 5 on 2 cores), so it stays in the default set.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def worker(out: Path) -> None:
     weights = weights_of(backend)  # a collective under ZeRO-3
     if dist.is_main:
         torch.save({"mask": torch.cat(masks), "metrics": metrics, "stats": stats, "weights": weights}, out / "d3s_zero3.pt")
+    print(f"[worker] rank {dist.rank} done", flush=True)
+    dist.barrier()
 
 
-@pytest.mark.slow
 def test_two_rank_d3s_selection_and_update_equal_one_process(tiny_dir, tmp_path):
     from conftest import compose
     from pods import distributed, tokens
