@@ -7,8 +7,7 @@ shards into ``step_XXXXXX.shards/`` first, then rank 0 writes the file with ever
 Safe to load: the file holds only tensors and plain types (the Python and NumPy RNG states are converted to
 tensors), tagged ``FORMAT``, and is read with ``torch.load(weights_only=True)``, which unpickles no code. A
 file that is not a pods checkpoint (or was written before this format) fails with one line naming
-``train.resume``. DeepSpeed reads its own shard files itself (``torch.load(weights_only=False)`` in
-DeepSpeed 0.19.8): resume only from shard directories your own runs wrote.
+``train.resume``. DeepSpeed's shard files are read the same way (``DeepSpeedBackend.load_sharded``).
 
 Retention: ``keep`` (``train.keep_checkpoints``) keeps the newest k checkpoints of the run directory (with
 their shard directories) and deletes older ones after the new one is complete; null keeps every one. At the end
@@ -20,6 +19,7 @@ finished run leaves no optimizer state behind. A pre-empted run always writes th
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -119,11 +119,17 @@ def read(path: Path) -> dict:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickled code, a zip of something else, truncation: all "not ours"
-        raise ConfigError(f"train.resume: {path} is not a pods checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        raise ConfigError(f"train.resume: {path} is not a pods checkpoint ({type(e).__name__}: {_reason(e)})") from None
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
         raise ConfigError(f"train.resume: {path} is not a pods checkpoint of format {FORMAT} (found {found!r})")
     return blob
+
+
+def _reason(e: Exception) -> str:
+    """The informative line of an exception (torch's unpickling errors: the "WeightsUnpickler error" one), <= 200 chars."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return next((line for line in lines if "WeightsUnpickler error" in line), lines[0])[:200]
 
 
 def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
@@ -136,7 +142,10 @@ def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
     if len(ranks) != world:
         raise ConfigError(f"train.resume: checkpoint {path} was written by {len(ranks)} processes; this run has {world}")
     if "shards" in blob["backend"]:
-        backend.load_sharded(path.parent / blob["backend"]["shards"])
+        try:
+            backend.load_sharded(path.parent / blob["backend"]["shards"])
+        except pickle.UnpicklingError as e:
+            raise ConfigError(f"train.resume: {path}'s shards hold something other than tensors and plain types ({_reason(e)})") from None
     else:
         backend.load_state_dict(blob["backend"])
     sampler.load_state_dict(blob["sampler"])

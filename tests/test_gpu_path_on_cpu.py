@@ -253,6 +253,51 @@ def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, 
     assert max(gaps[:2]) < 1e-4, gaps
 
 
+def shards_worker(out: Path) -> None:
+    """One process (a single-rank gloo group): ZeRO-2 saves its shards, trains on, loads them back; then a shard
+    replaced by a code-running pickle is loaded."""
+    from pods import distributed
+    from pods.backends import build_batch
+    from pods.backends.deepspeed import DeepSpeedBackend
+    from pods.tiny import ensure_tiny
+
+    torch.set_num_threads(1)
+    distributed.init({"dist_backend": "gloo"})
+    backend = DeepSpeedBackend(str(ensure_tiny()), compose(["hardware=cpu_ddp2_zero3", "hardware.deepspeed.stage=2"]))
+    batch = build_batch([[11, 12, 13]] * 2, [[20, 21], [22]], [[0.0, 0.0], [0.0]], torch.tensor([1.0, -1.0]), 0)
+    weights = lambda: {k: v.clone() for k, v in backend.export_weights()}  # noqa: E731
+    backend.update(batch, 1e-2)
+    backend.save_sharded(out / "step_000001.shards")
+    saved = weights()
+    backend.update(batch, 1e-2)
+    moved = max((w - saved[k]).abs().max().item() for k, w in weights().items())
+    backend.load_sharded(out / "step_000001.shards")
+    restored = max((w - saved[k]).abs().max().item() for k, w in weights().items())
+    marker = out / "pwned"
+    optim = next((out / "step_000001.shards").rglob("*optim_states.pt"))
+    torch.save({"optimizer_state_dict": _Payload(marker)}, optim)
+    try:
+        backend.load_sharded(out / "step_000001.shards")
+        refused = None
+    except Exception as e:  # noqa: BLE001 - which error is reported below
+        refused = type(e).__name__
+    (out / "shards.json").write_text(json.dumps({"moved": moved, "restored": restored, "refused": refused, "ran": marker.exists()}))
+
+
+def test_deepspeed_shards_load_without_unpickling_code(tmp_path):
+    """A ZeRO-2 shard directory round-trips through ``load_sharded`` with ``torch.load(weights_only=True)`` (exact
+    weights back after a further step), and a shard replaced by a code-running pickle is refused without running it
+    (DeepSpeed 0.19.8 alone loads shards with weights_only=False and would run it). The same on 8 GPUs' shards needs
+    GPUs; the ZeRO-3 resume is tests/test_deepspeed_on_cpu.py's."""
+    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".cache" / "torch_extensions")
+    p = subprocess.run([sys.executable, str(Path(__file__)), "shards", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "shards.json").read_text())
+    assert res["moved"] > 1e-4 and res["restored"] == 0.0
+    assert res["refused"] is not None and not res["ran"]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Launch guards: an 8-GPU experiment started as one process
 # ----------------------------------------------------------------------------------------------------------
@@ -482,4 +527,4 @@ def test_cuda12_extra_resolves_on_linux(tmp_path):
 
 
 if __name__ == "__main__":  # torchrun ... tests/test_gpu_path_on_cpu.py WHAT OUT_DIR
-    {"vllm": vllm_worker, "timeout": timeout_worker}[sys.argv[1]](Path(sys.argv[2]))
+    {"vllm": vllm_worker, "timeout": timeout_worker, "shards": shards_worker}[sys.argv[1]](Path(sys.argv[2]))

@@ -203,8 +203,24 @@ class DeepSpeedBackend(Backend):
         self.engine.save_checkpoint(str(directory.parent), tag=directory.name, save_latest=False)
 
     def load_sharded(self, directory: Path) -> None:
-        directory = Path(directory)
-        path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name, load_lr_scheduler_states=False)
+        """Every rank reads its shard, unpickling no code: DeepSpeed 0.19.8 reads shards with
+        ``torch.load(weights_only=False)``; here with ``weights_only=True`` and only DeepSpeed's plain state types
+        allowed (ZeRO stage enum, loss-scaler state, ZeRO-2 fragment address: what its shards hold besides tensors)."""
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        def safe_load(engine, path: str, map_location=None):
+            with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, fragment_address]):
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+        directory, unsafe = Path(directory), TorchCheckpointEngine.load
+        TorchCheckpointEngine.load = safe_load
+        try:
+            path, _ = self.engine.load_checkpoint(str(directory.parent), tag=directory.name, load_lr_scheduler_states=False)
+        finally:
+            TorchCheckpointEngine.load = unsafe
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory}")
 
