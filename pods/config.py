@@ -130,4 +130,6 @@ def _launcher(hw: dict, rollout: dict) -> None:
     _need(nproc == 1 or world is not None, f"hardware.nproc_per_node={nproc} ({hw.get('name')}) needs one process per GPU, but this is a single process "
           f"without a launcher (WORLD_SIZE unset; a Hydra multirun starts one): submit each run with `sbatch slurm/run_8gpu.sbatch experiment=... seed=...` "
           f"or start it with `torchrun --nproc_per_node {nproc} -m pods.train ...`")
+    timeout = hw.get("dist_timeout_s")
+    _need(timeout is None or float(timeout) > 0, f"hardware.dist_timeout_s must be null or > 0 seconds, got {timeout!r}")
     _need(not (rollout.get("multiprocessing") and int(world or 1) > 1), "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process")

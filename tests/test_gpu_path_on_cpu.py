@@ -474,11 +474,11 @@ def test_prune_deletes_old_shards_and_unfinished_ones(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003.pt", "step_000003.shards"]
 
 
-@pytest.mark.parametrize("bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5"])
+@pytest.mark.parametrize("bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5", "+hardware.dist_timeout_s=0"])
 def test_checkpoint_settings_are_validated(bad):
     from pods.config import ConfigError, validate
 
-    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+    with pytest.raises(ConfigError, match=bad.split("=")[0].lstrip("+")):
         validate(compose([bad]))
 
 
