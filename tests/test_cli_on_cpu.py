@@ -48,5 +48,7 @@ def test_demo_writes_figure_and_csv_from_its_runs(tiny_dir, tmp_path):
     lines = csv_path.read_text().splitlines()
     evals = sum(len(read_metrics(d / "metrics.jsonl", "eval")) for d in (tmp_path / "runs").iterdir())
     assert len(lines) - 1 == evals >= 4  # every CSV row is an eval row of the arms' own metrics files
-    assert {"GRPO 16/16", "GRPO-PODS 64->16"} <= {line.split(",")[0] for line in lines[1:]}
+    assert {"GRPO 16/16", "GRPO-GA 64/16", "PODS 64→16"} == {line.split(",")[0] for line in lines[1:]}
     assert "figure:" in p.stdout
+    summary = (tmp_path / "summary.txt").read_text()  # the printed table, both comparisons by seconds and by steps
+    assert "load average" in summary and summary.count("PODS 64→16 vs GRPO-GA 64/16 by") == 2 and summary.count("PODS 64→16 vs GRPO 16/16 by") == 2

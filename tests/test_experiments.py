@@ -77,7 +77,7 @@ SWEEP_PAPER = {  # sweep -> (experiment it applies to, {swept key: values}, {fix
     "rules": ("gsm8k_qwen3b_pods_64_16_l40s", {"algorithm.rule": ["max_variance", "max_reward", "random"], "seed": SEEDS_L40S}, {"algorithm.n": 64, "algorithm.m": 16}),
     "seeds_single_gpu": ("gsm8k_qwen3b_grpo_16_16_l40s", {"seed": SEEDS_L40S}, {}),
     "seeds_multi_gpu": ("gsm8k_qwen3b_pods_h100x8", {"seed": SEEDS_X8}, {}),
-    "seeds_cpu": ("toy_pods_64_16_cpu", {"seed": [1, 2, 3]}, {}),
+    "seeds_cpu": ("toy_pods_64_16_cpu", {"seed": [1, 2, 3, 4, 5]}, {}),
     "d3s_cpu": ("d3s_toy_cpu", {"seed": [1, 2, 3], "algorithm": ["grpo", "grpo_pods", "d3s", "d3s_cross"]}, {}),
 }
 

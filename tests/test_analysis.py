@@ -1,0 +1,89 @@
+"""pods.analysis on synthetic curves: hand-computed speed-ups, the bootstrap against brute-force enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pods.analysis import Run, arm_summary, bootstrap_speedup, compare, load_run, report, speedup
+
+
+def line(slope: float, end: float, cap: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    xs = np.linspace(0.0, end, 11)
+    return xs, np.minimum(slope * xs, cap)
+
+
+def test_speedup_hand_computed():
+    base = [line(0.01, 100)] * 2  # peak 1.0 at 100 -> target 0.99 reached at 99
+    arm = [line(0.02, 50)] * 3  # reaches 0.99 at 49.5
+    s = speedup(base, arm)
+    assert s["target"] == pytest.approx(0.99)
+    assert s["t_base"] == pytest.approx(99.0) and s["t_arm"] == pytest.approx(49.5)
+    assert s["speedup"] == pytest.approx(2.0)
+    b = bootstrap_speedup(base, arm, n_boot=50)
+    assert b["lo"] == pytest.approx(2.0) and b["hi"] == pytest.approx(2.0) and b["never"] == 0.0  # identical seeds: no spread
+
+
+def test_arm_that_never_reaches_counts_as_zero():
+    s = speedup([line(0.01, 100)], [line(0.01, 100, cap=0.5)])
+    assert s["t_arm"] is None and s["speedup"] == 0.0
+    assert bootstrap_speedup([line(0.01, 100)], [line(0.01, 100, cap=0.5)], n_boot=20)["never"] == 1.0
+
+
+def test_bootstrap_matches_enumeration():
+    """Two seeds per arm: every resample is one of 4 x 4 equally likely ordered pairs of index pairs."""
+    base = [line(0.01, 100), line(0.0125, 100)]  # peaks 1.0 (at 100) and 1.0 (capped from 80)
+    arm = [line(0.02, 50), line(0.015, 60, cap=0.8)]
+    exact = Counter()
+    for bi, ai in itertools.product(itertools.product(range(2), repeat=2), repeat=2):
+        exact[round(speedup([base[i] for i in bi], [arm[i] for i in ai])["speedup"], 9)] += 1 / 16
+    b = bootstrap_speedup(base, arm, n_boot=4000, seed=1)
+    seen = Counter(round(float(v), 9) for v in b["samples"])
+    assert set(seen) <= set(exact)
+    for v, p in exact.items():
+        assert seen[v] / 4000 == pytest.approx(p, abs=0.03)
+    assert b["never"] == pytest.approx(exact.get(0.0, 0.0), abs=0.03)
+    ordered = sorted(exact.items())
+    cdf = np.cumsum([p for _, p in ordered])
+    assert b["lo"] == ordered[int(np.searchsorted(cdf, 0.025 - 1e-9))][0]  # the exact 2.5% quantile
+    assert b["hi"] == ordered[int(np.searchsorted(cdf, 0.975 - 1e-9))][0]
+
+
+def write_run(path, accs, dt, n_eval=400, zero_var=0.25):
+    rows = [{"kind": "setup", "step": 0}]
+    for s in range(1, 9):
+        rows.append({"kind": "train", "step": s, "train_time": s * dt, "zero_var_groups": zero_var, "t_generate": dt / 4, "t_update": dt / 2})
+    rows += [{"kind": "eval", "step": 4 * i, "train_time": 4 * i * dt, "accuracy": a, "n_eval": n_eval} for i, a in enumerate(accs)]
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_run_compare_by_time_and_step(tmp_path):
+    """Same accuracy per step, but the arm's steps cost half: 2x by time, 1x by step."""
+    base = load_run(write_run(tmp_path / "b", [0.2, 0.5, 0.6], dt=1.0))
+    arm = load_run(write_run(tmp_path / "a", [0.2, 0.5, 0.6], dt=0.5, zero_var=0.0))
+    assert base.steps == 8 and base.s_per_step == pytest.approx(1.0) and base.zero_var == pytest.approx(0.25)
+    assert arm.curve("time")[0].tolist() == [0.0, 2.0, 4.0] and arm.curve("step")[0].tolist() == [0.0, 4.0, 8.0]
+    runs = {"GRPO": [base], "PODS": [arm]}
+    by_time, by_step = compare(runs, "GRPO", "PODS", "time", n_boot=20), compare(runs, "GRPO", "PODS", "step", n_boot=20)
+    # target 0.594 on the segment 0.5 -> 0.6 over steps 4 -> 8: step 4 + 4 * 0.94 = 7.76 (grid 0.02 steps)
+    assert by_step["t_base"] == pytest.approx(7.76, abs=0.02) and by_step["speedup"] == pytest.approx(1.0)
+    assert by_time["t_base"] == pytest.approx(7.76, abs=0.02) and by_time["t_arm"] == pytest.approx(3.88, abs=0.01)
+    assert by_time["speedup"] == pytest.approx(2.0, rel=0.01)
+    s = arm_summary([base])
+    assert s["start"] == pytest.approx(0.2) and s["peak"] == pytest.approx(0.6)
+    assert s["peak_ci"] == pytest.approx(1.96 * np.sqrt(0.6 * 0.4 / 400))  # one seed: binomial SE over eval samples
+    text = "\n".join(report(runs, [("GRPO", "PODS")], n_boot=20))
+    assert "speed-up 2.0" in text and "speed-up 1.00x" in text
+
+
+def test_summary_over_seeds_uses_seed_spread():
+    runs = [Run("a", [(0, 0.0, 0.2, 100), (1, 1.0, 0.6, 100)]), Run("b", [(0, 0.0, 0.4, 100), (1, 1.0, 0.8, 100)])]
+    s = arm_summary(runs)
+    assert s["start"] == pytest.approx(0.3) and s["peak"] == pytest.approx(0.7)
+    assert s["start_ci"] == pytest.approx(1.96 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2))
