@@ -91,12 +91,10 @@ figure-3 figure-4: figure-%: $(STAMP)
 $(addprefix figure-,$(FIGURES)): figure-%: $(STAMP)
 	$(DRAW) $* --runs $(RUNS)/$* --out results/figure-$*
 
-reproduce-figure-cpu: $(STAMP) ## here, end to end: GRPO vs GRPO-GA vs PODS, tiny model, 3 seeds x 60 s -> results/cpu/
+reproduce-figure-cpu: $(STAMP) ## here: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 x 5 seeds (2 at a time), speed-ups -> results/cpu/
 	rm -rf results/cpu/runs
-	$(PY) -m pods.figures reproduce cpu $(ARGS) --launcher $(if $(filter command line environment,$(origin LAUNCHER)),$(LAUNCHER),local) \
-		--runs results/cpu/runs $(if $(SEEDS),--seeds $(SEEDS))
-	$(PY) -m pods.figures plot cpu --runs results/cpu/runs --out results/cpu
+	$(PY) -m pods.demo reproduce --out results/cpu $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
-figure-cpu: $(STAMP) ## redraw results/cpu/ from results/cpu/runs
-	$(PY) -m pods.figures plot cpu --runs results/cpu/runs --out results/cpu
+figure-cpu: $(STAMP) ## redraw results/cpu/ (figure, CSV, summary with speed-ups) from results/cpu/runs
+	$(PY) -m pods.demo summarize --out results/cpu
 # ---- end paper reproduction -------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def speedup(base: list, arm: list, frac: float = 0.99) -> dict:
     ga, ma = mean_curve(arm)
     target = frac * float(mb.max())
     tb, ta = first_reach(gb, mb, target), first_reach(ga, ma, target)
-    ratio = (tb / ta if ta else float("inf")) if ta is not None else 0.0
+    ratio = 0.0 if ta is None else 1.0 if ta == tb else tb / ta if ta else float("inf")
     return {"target": target, "t_base": tb, "t_arm": ta, "speedup": ratio, "base_peak": float(mb.max()), "arm_peak": float(ma.max())}
 
 
