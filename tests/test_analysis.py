@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import json
 from collections import Counter
 
@@ -87,3 +88,20 @@ def test_summary_over_seeds_uses_seed_spread():
     s = arm_summary(runs)
     assert s["start"] == pytest.approx(0.3) and s["peak"] == pytest.approx(0.7)
     assert s["start_ci"] == pytest.approx(1.96 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2))
+
+
+def test_cpu_figure_redraws_from_seeded_runs(tmp_path):
+    """`make figure-cpu` (pods.demo summarize): every arm's seed directories -> figure, CSV, summary with both comparisons."""
+    from pods import demo
+
+    for i, exp in enumerate(demo.SEEDED.values()):
+        for k in (1, 2):
+            write_run(tmp_path / "runs" / exp / f"seed{k}", [0.2, 0.4 + 0.05 * k, 0.5 + 0.1 * i], dt=1.0 + i)
+    demo.main(["summarize", "--out", str(tmp_path)])
+    summary = (tmp_path / "summary.txt").read_text()
+    for label in demo.SEEDED:  # one table row per arm, with its two seeds
+        assert re.search(rf"^{re.escape(label)}\s+2\s", summary, re.M), summary
+    for baseline, arm in demo.COMPARISONS:
+        assert f"{arm} vs {baseline} by time" in summary and f"{arm} vs {baseline} by step" in summary
+    assert len((tmp_path / "accuracy_vs_time.csv").read_text().splitlines()) == 1 + 3 * 2 * 3
+    assert (tmp_path / "accuracy_vs_time.png").stat().st_size > 10_000
