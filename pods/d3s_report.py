@@ -71,9 +71,10 @@ def report(root: Path, out: Path) -> list[dict]:
     by_step = [{**r, "train_time": e["step"]} for r, e in zip(by_time, (e for runs in arms.values() for _, ev in runs for e in ev))]
     grads = [{"label": arm, "run_dir": str(i), "train_time": r["step"], "accuracy": r["grad_norm"]} for arm, runs in arms.items() for i, (tr, _) in enumerate(runs) for r in tr]
     title = "toy arithmetic, tiny Qwen2, CPU: GRPO vs PODS vs D3S"
-    for name, rows, unit, ylabel in [("accuracy_vs_time", by_time, "s", "test accuracy"), ("accuracy_vs_step", by_step, "s", "test accuracy"),
-                                     ("grad_norm_vs_step", grads, "s", "policy gradient norm (pre-clip)")]:
-        curves = mean_curves(rows)
+    for name, rows, unit, ylabel, every in [("accuracy_vs_time", by_time, "s", "test accuracy", 5), ("accuracy_vs_step", by_step, "s", "test accuracy", 25),
+                                            ("grad_norm_vs_step", grads, "s", "policy gradient norm (pre-clip)", 10)]:
+        end = max(r["train_time"] for r in rows)
+        curves = mean_curves(rows, grid=[every * i for i in range(int(end // every) + 1)])  # points where runs have data
         write_csv(curves, out / f"{name}.csv", ["source", "label", "time", "mean", "lo", "hi", "se", "runs"])
         path = plot_mean_curves(curves, out / f"{name}.png", title, unit, ylabel)
         if "step" in name:  # the x axis is optimizer steps, not seconds
