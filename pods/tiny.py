@@ -5,8 +5,9 @@ as hub models (and in vLLM: head_dim = 128 / 4 = 32). The first call trains a by
 on toy-task text, builds the model, gives it a short label-smoothed supervised warm start on the toy task's
 TRAIN split (greedy decoding then solves ~95% of the test sums, but sampling at T = 1 puts a stray token into
 most answers: RL starts near 15% sampled accuracy with room to ~95%, see docs/cpu-miniature.md), and saves;
-later calls hit the cache (keyed by a hash of the spec). The tokenizer pre-splits text with Qwen2's own regex, so ``AutoTokenizer`` (which maps
-model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode identically.
+later calls hit the cache (keyed by a hash of the spec). The tokenizer pre-splits text with Qwen2's own regex,
+so ``AutoTokenizer`` (which maps model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode
+identically.
 """
 
 from __future__ import annotations
