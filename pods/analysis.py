@@ -4,7 +4,7 @@ A run is reduced to its eval curve (accuracy against training seconds and agains
 per-step costs from its train rows. For an arm and a baseline, both with one or more seeds:
 
 - each arm's mean curve is the mean over its seeds of their curves, linearly interpolated onto a fine grid
-  from 0 to the end of the arm's shortest run (so every grid point averages every seed; nothing extrapolated);
+  from 0 to the median of the seeds' ends (each point averages the seeds that reach it; nothing extrapolated);
 - the target is ``frac`` (0.99) times the maximum of the baseline's mean curve;
 - the time to target is the first grid point where a mean curve reaches it (the grid is interpolated, so this
   is the crossing time to within 1/``GRID`` of the span); the speed-up is ``t_baseline / t_arm``;
@@ -64,12 +64,16 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]], end: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over runs of their curves on ``GRID + 1`` points from 0 to ``end`` (default: the shortest run's end).
+    """Mean over runs of their curves on ``GRID + 1`` points from 0 to ``end``.
 
-    curves: per run (xs [K], ys [K]); returns (grid [GRID+1], mean [GRID+1])."""
-    end = min(float(xs[-1]) for xs, _ in curves) if end is None else end
+    curves: per run (xs [K], ys [K]); returns (grid [GRID+1], mean [GRID+1]). Default ``end``: the furthest x that
+    at least half of the runs reach (their median end: under a changing machine load, seeds with the same step
+    budget end at different seconds). Each grid point averages the runs that reach it; nothing is extrapolated."""
+    ends = sorted((float(xs[-1]) for xs, _ in curves), reverse=True)
+    end = ends[(len(ends) - 1) // 2] if end is None else end
     grid = np.linspace(0.0, end, GRID + 1)
-    return grid, np.mean([np.interp(grid, xs, ys) for xs, ys in curves], axis=0)
+    ys = np.array([np.where(grid <= xs[-1] + 1e-9, np.interp(grid, xs, y), np.nan) for xs, y in curves])
+    return grid, np.nanmean(ys, axis=0)
 
 
 def first_reach(grid: np.ndarray, mean: np.ndarray, target: float) -> float | None:
@@ -115,14 +119,9 @@ def compare(runs: dict[str, list[Run]], baseline: str, arm: str, x: str = "time"
 
 def arm_summary(runs: list[Run]) -> dict:
     """Start and peak of the mean time curve with 1.96 SE (over seeds; one seed: over eval samples), and costs."""
-    grid, mean = mean_curve([r.curve("time") for r in runs])
-    ys = np.array([np.interp(grid, *r.curve("time")) for r in runs])  # [seeds, G]
+    grid, mean, ci = band(runs, "time")
     k = int(np.argmax(mean))
-    if len(runs) > 1:
-        se = ys.std(axis=0, ddof=1) / np.sqrt(len(runs))
-    else:
-        n = max(runs[0].evals[0][3], 1)
-        se = np.sqrt(np.clip(mean * (1 - mean), 0, None) / n)
+    se = ci / 1.96
     avg = lambda k: float(np.mean([getattr(r, k) for r in runs]))  # noqa: E731
     return {
         "seeds": len(runs), "start": float(mean[0]), "start_ci": 1.96 * float(se[0]), "peak": float(mean[k]), "peak_ci": 1.96 * float(se[k]),
@@ -155,9 +154,10 @@ def report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]], n_boo
 def band(runs: list[Run], x: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid, mean, 1.96 SE) of the runs' curves against ``x``: SE over seeds, or for one seed over eval samples."""
     grid, mean = mean_curve([r.curve(x) for r in runs])
-    if len(runs) > 1:
-        ys = np.array([np.interp(grid, *r.curve(x)) for r in runs])
-        return grid, mean, 1.96 * ys.std(axis=0, ddof=1) / np.sqrt(len(runs))
+    if len(runs) > 1:  # over the runs that reach each grid point (at least half of them)
+        ys = np.array([np.where(grid <= xs[-1] + 1e-9, np.interp(grid, xs, y), np.nan) for xs, y in (r.curve(x) for r in runs)])
+        k = np.sum(~np.isnan(ys), axis=0)
+        return grid, mean, 1.96 * np.nanstd(ys, axis=0, ddof=1) / np.sqrt(k)
     return grid, mean, 1.96 * np.sqrt(np.clip(mean * (1 - mean), 0, None) / max(runs[0].evals[0][3], 1))
 
 

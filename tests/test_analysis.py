@@ -105,3 +105,14 @@ def test_cpu_figure_redraws_from_seeded_runs(tmp_path):
         assert f"{arm} vs {baseline} by time" in summary and f"{arm} vs {baseline} by step" in summary
     assert len((tmp_path / "accuracy_vs_time.csv").read_text().splitlines()) == 1 + 3 * 2 * 3
     assert (tmp_path / "accuracy_vs_time.png").stat().st_size > 10_000
+
+
+def test_mean_curve_runs_to_the_median_end_over_the_runs_that_reach_each_point():
+    """Seeds with one step budget end at different seconds under a changing load: three runs ending at 10, 20, 30 s."""
+    from pods.analysis import mean_curve
+
+    runs = [(np.array([0.0, 10.0]), np.array([0.0, 1.0])), (np.array([0.0, 20.0]), np.array([0.0, 1.0])), (np.array([0.0, 30.0]), np.array([0.0, 3.0]))]
+    grid, mean = mean_curve(runs)
+    assert grid[-1] == 20.0  # reached by 2 of 3 runs
+    assert mean[np.searchsorted(grid, 10.0)] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+    assert mean[-1] == pytest.approx((1.0 + 2.0) / 2)  # the run that ended at 10 s no longer counts
