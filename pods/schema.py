@@ -1,0 +1,309 @@
+"""The typed schema of the configuration: every key of every section, its type, its range and its one default.
+
+``check(cfg)`` validates a composed config (a plain dict) right after Hydra composes it and returns it complete:
+every key present, typed (ints where ints belong, floats where floats do), defaults filled in from here, so the
+code reads ``cfg["train"]["keep_checkpoints"]`` and never carries a default of its own. Any problem raises
+``ConfigError`` with ONE line that names the key and the valid values; an unknown key names the closest valid one.
+Cross-field rules (m <= n, divisibility, names in registries) stay in ``pods.config.validate``.
+
+A group whose options differ in shape picks its model by ``name`` (``SHAPES``): ``rollout=hf`` has no vLLM keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pods.config import ConfigError
+
+Pos = Annotated[int, Field(ge=1)]
+PosF = Annotated[float, Field(gt=0)]
+NonNegF = Annotated[float, Field(ge=0)]
+Frac = Annotated[float, Field(gt=0, le=1)]  # (0, 1]
+Files = str | list[str] | None
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Sampling(Section):
+    """Rollout sampling, shared by every engine (the loss divides logits by the same temperature)."""
+
+    temperature: PosF = 1.0
+    top_p: Frac = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1  # -1 = off
+    max_tokens: Pos = 12  # max completion tokens
+    stop: list[str] = []  # extra stop strings (the end-of-turn token always stops)
+
+
+class Train(Section):
+    prompts_per_step: Pos = 2  # prompt groups per optimizer step (per rank)
+    max_steps: Pos | None = None  # optimizer steps; null = until the time budget
+    time_budget_s: PosF | None = 120.0  # training seconds (evaluation and checkpointing excluded)
+    old_logprobs: Literal["policy", "sampler"] = "policy"
+    checkpoint_every_s: PosF | None = None
+    checkpoint_every_steps: Pos | None = None
+    checkpoint_at_end: Literal["full", "weights", False] = "full"
+    keep_checkpoints: Pos | None = None  # keep the newest k; null = all
+    resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
+    save_final: bool = False
+
+
+class Optim(Section):
+    name: str = "adamw"  # pods.backends.OPTIMIZERS
+    lr: PosF = 1.0e-4
+    betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.99]
+    eps: PosF = 1.0e-8
+    weight_decay: NonNegF = 0.0
+    max_grad_norm: PosF | None = 1.0  # null = no clipping
+    schedule: str = "constant"  # pods.schedules.SCHEDULES, over training progress
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class Eval(Section):
+    at_start: bool = True
+    every_s: PosF | None = 15.0  # seconds of TRAINING time
+    every_steps: Pos | None = None
+    max_examples: Pos | None = 200  # null = all
+    repeats: Pos = 4
+    temperature: NonNegF = 1.0
+    top_p: Frac = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    max_tokens: Pos = 12
+    stop: list[str] = []
+    seed: int = 12345
+
+
+class Model(Section):
+    name: str
+    builder: str | None = None  # pods.models.BUILDERS: builds the model directory on first use
+    path: str | None = None  # hub id or local directory
+    cache_dir: str | None = None  # default: $PODS_CACHE or <repo>/.cache
+    spec: dict[str, Any] = {}  # builder options (tiny: overrides of pods.tiny.DEFAULT_SPEC)
+    quantization: Literal["4bit"] | None = None  # 4bit: bitsandbytes NF4 base under a LoRA adapter (GPU only)
+
+
+class Hub(Section):
+    id: str
+    configs: list[str] | None = None
+    split: str
+
+
+class HubDataset(Section):
+    name: str  # pods.tasks.DATASETS
+    recipe: str  # pods.tasks.RECIPES
+    grader: str  # pods.tasks.GRADERS
+    prompt_format: str = "pods_instruct"  # pods.tasks.prompts.PROMPTS
+    max_prompt_length: Pos | None = 512  # prompts longer than this (tokens) are dropped (and counted)
+    grade_timeout_s: PosF | None = 5.0  # wall-clock limit per grading call, in a worker process; null = in-process
+    train_hub: Hub | None = None
+    test_hub: Hub | None = None
+    train_files: Files = None  # local json/jsonl/parquet/csv file(s), used instead of train_hub
+    test_files: Files = None
+    train_size: Pos | None = None  # the first N records (null = all)
+    test_size: Pos | None = None
+
+
+class ToyDataset(Section):
+    name: str
+    recipe: str
+    grader: str
+    max_prompt_length: Pos | None = 128
+    grade_timeout_s: PosF | None = None  # the toy grader is one regex over 200 characters (cannot hang): in-process
+    low: int = 10
+    high: int = 99
+    train_size: Pos = 4000
+    test_size: Pos = 200
+    seed: int = 1234
+
+
+class HfRollout(Section):
+    name: str
+    max_batch: Pos = 256  # sequences per generate call
+
+
+class VllmRollout(Section):
+    name: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    seed: int = 0
+    gpu_memory_utilization: Frac = 0.5  # GPU share for vLLM's weights + KV cache (the authors: 0.5 of one L40S)
+    kv_cache_gib: PosF | None = None  # explicit KV cache size; null = from gpu_memory_utilization on GPU, 1 GiB on CPU
+    max_model_len: Pos | None = None  # tokens per sequence (sizes the KV cache); null = prompt_budget + max(completion_budget)
+    prompt_budget: Pos | None = None  # longer prompts are dropped before they reach the engine
+    completion_budget: list[Pos] = []  # training and evaluation completions
+    max_num_seqs: Pos = 256  # sequences decoded together
+    enforce_eager: bool = True  # false = CUDA graphs and torch.compile: faster decoding, a slower start (GPU)
+    enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill; reset after every sync
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"] = "processed_logprobs"  # log softmax(logits / T): the loss's definition
+    multiprocessing: bool = False  # true = vLLM's engine process, sync over RPC (one process only)
+    enable_sleep_mode: bool = False  # GPU only: after each generation, weights to CPU RAM and KV cache freed
+    extra_args: dict[str, Any] = {}  # any other vllm.LLM keyword argument
+
+
+class Lora(Section):
+    r: Pos = 16
+    alpha: PosF = 16.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    target_modules: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class DeepSpeed(Section):
+    stage: Literal[2, 3] = 3  # 3: params + grads + optimizer state partitioned; 2: grads + optimizer state
+    torch_adam: bool = True  # torch's AdamW; false = DeepSpeed's FusedAdam, JIT-built with nvcc at start-up
+    overlap_comm: bool = False
+    offload_optimizer: Literal["cpu", "nvme"] | None = None
+    offload_param: Literal["cpu", "nvme"] | None = None  # stage 3 only
+    config: dict[str, Any] = {}  # merged verbatim into the DeepSpeed config
+
+
+class Slurm(Section):
+    gpus_per_node: Pos | None = None
+    cpus_per_task: Pos = 2
+    mem_gb: PosF = 8.0
+    constraint: str | None = None
+    timeout_min: Pos = 60
+
+
+class Hardware(Section):
+    name: str
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    backend: str = "local"  # pods.backends.BACKENDS
+    dist_backend: Literal["gloo", "nccl"] | None = None  # the process group every rank joins (pods.distributed)
+    dist_timeout_s: PosF | None = None  # a collective waiting longer fails the run (a hung rank)
+    nproc_per_node: Pos = 1  # processes the launcher should start (torchrun --nproc_per_node decides)
+    finetune: Literal["full", "lora"] = "full"
+    lora: Lora = Lora()
+    micro_batch_size: Pos = 64  # sequences per forward/backward (per rank): memory only, gradients are identical
+    logprob_chunk_tokens: Pos | None = None  # tokens per chunk of the fp32 log-softmax over the vocabulary; null = one chunk
+    gradient_checkpointing: bool = False
+    torch_threads: Pos | None = None
+    optimizer: str | None = None  # the profile's optimizer, for experiments to read as optim.name
+    deepspeed: DeepSpeed | None = None
+    slurm: Slurm | None = None
+
+
+class Algorithm(Section):
+    name: str
+    n: Pos
+    m: Pos
+    rule: str  # pods.downsample.RULES
+    grad_accum: bool = False
+    advantage: str = "grpo"  # pods.advantages.ADVANTAGES: (r - mean) / (std + 1e-4) per group
+    advantage_scope: Literal["kept", "group"] = "kept"  # advantages over the KEPT rollouts, or the full group (D3S)
+    policy_loss: str = "clipped"  # pods.losses.POLICY_LOSSES
+    loss_agg: str = "seq_mean"  # pods.losses.AGGREGATIONS
+    epsilon: PosF = 0.2
+    epsilon_high: PosF | None = None  # null = epsilon (symmetric clip)
+    beta: NonNegF = 0.0  # k3 KL to the reference policy (LoRA: adapter disabled)
+    ppo_epochs: Pos = 1  # optimizer steps per generation
+    token_rule: str = "all"  # pods.tokens.TOKEN_SELECTORS: which completion tokens enter the loss
+    correction: str = "none"  # pods.tokens.CORRECTIONS: sampler-vs-policy correction (dense rollouts: none)
+    m_final: Pos | None = None  # D3S: kept rollouts at progress 1
+    token_keep: Frac | None = None  # D3S: fraction of tokens kept at progress 0
+    token_keep_final: Frac | None = None
+    ramp: str = "linear"  # pods.schedules.RAMPS: value = (1 - r(p)) init + r(p) final
+
+
+class NoLogger(Section):
+    name: str
+
+
+class Wandb(Section):
+    name: str
+    project: str = "pods"
+    entity: str | None = None
+    group: str | None = None
+    run_name: str | None = None
+    run_id: str | None = None
+    tags: list[str] = []
+    mode: Literal["online", "offline", "disabled"] = "offline"
+
+
+class Root(Section):
+    seed: int = 0
+    model: dict
+    dataset: dict
+    rollout: dict
+    hardware: Hardware
+    algorithm: Algorithm
+    logger: dict = {"name": "none"}
+    sampling: Sampling = Sampling()
+    train: Train = Train()
+    optim: Optim = Optim()
+    eval: Eval = Eval()
+
+
+# group -> {option name: model}; "*" is every other name (a test's engine registered under its own name: all shapes tried)
+SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
+    "model": {"*": Model},
+    "dataset": {"toy_arith": ToyDataset, "*": HubDataset},
+    "rollout": {"hf": HfRollout, "vllm": VllmRollout, "*": (HfRollout, VllmRollout)},
+    "logger": {"none": NoLogger, "wandb": Wandb, "*": NoLogger},
+}
+
+
+
+def check(cfg: dict) -> dict:
+    """``cfg`` validated and completed (a new plain dict), or ``ConfigError`` in one line naming the key."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"the config must be a mapping, got {type(cfg).__name__}")
+    out = _validate(Root, cfg, "")
+    for group, shapes in SHAPES.items():
+        node = out[group]
+        name = node.get("name") if isinstance(node, dict) else None
+        if not isinstance(name, str):
+            raise ConfigError(f"{group}.name is required (a string), got {name!r}")
+        models = shapes.get(name, shapes["*"])
+        out[group] = _first_fit(models if isinstance(models, tuple) else (models,), node, group)
+    return out
+
+
+def _first_fit(models: tuple[type[Section], ...], node: dict, where: str) -> dict:
+    error = None
+    for model in models:
+        try:
+            return _validate(model, node, where)
+        except ConfigError as e:
+            error = error or e
+    raise error
+
+
+def _validate(model: type[Section], node: dict, where: str) -> dict:
+    try:
+        return model.model_validate(node).model_dump()
+    except ValidationError as e:
+        from pods.schema_errors import explain
+
+        raise ConfigError(explain(e, model, where)) from None
+
+
+def defaults(model: type[Section]) -> dict:
+    """The schema's default of every key of ``model`` that has one (required keys are left out)."""
+    out = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
+    return {k: v.model_dump() if isinstance(v, BaseModel) else copy.deepcopy(v) for k, v in out.items()}
+
+
+def nodes() -> dict[str, dict]:
+    """The schema's defaults as Hydra config nodes: ``_schema`` (the top-level sections) and one ``<group>/_<shape>``
+    per shape of a group, which the group's YAML files name first in their ``defaults`` list."""
+    out = {"_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}}
+    shapes = {"model": Model, "dataset/_hub": HubDataset, "dataset/_toy": ToyDataset, "rollout/_hf": HfRollout, "rollout/_vllm": VllmRollout,
+              "hardware": Hardware, "algorithm": Algorithm, "logger/_none": NoLogger, "logger/_wandb": Wandb}
+    for where, model in shapes.items():
+        out[where if "/" in where else f"{where}/_base"] = defaults(model)
+    out["hardware/_deepspeed"] = {**defaults(Hardware), "deepspeed": defaults(DeepSpeed)}
+    return out
+
+
+def register() -> None:
+    """Put ``nodes()`` into Hydra's ConfigStore (idempotent); call before composing ``conf/``."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for where, node in nodes().items():
+        group, _, name = where.rpartition("/")
+        cs.store(group=group or None, name=name, node=node)
