@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import re
 import json
+import re
 from collections import Counter
 
 import numpy as np
