@@ -141,6 +141,9 @@ def report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]], n_boo
     for baseline, arm in comparisons:
         if baseline not in runs or arm not in runs:
             continue
+        b, a = arm_summary(runs[baseline]), arm_summary(runs[arm])
+        lines.append(f"{arm} vs {baseline}: a step costs {a['s_per_step'] / b['s_per_step']:.2f}x (generation {a['t_generate'] / b['t_generate']:.2f}x, "
+                     f"update {a['t_update'] / b['t_update']:.2f}x); {100 * b['zero_var']:.1f}% of {baseline}'s prompt groups had zero reward variance")
         for x, unit in (("time", "s"), ("step", "steps")):
             c = compare(runs, baseline, arm, x, n_boot=n_boot)
             t_arm = "never" if c["t_arm"] is None else f"{c['t_arm']:.0f} {unit}"
