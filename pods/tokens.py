@@ -20,6 +20,7 @@ from pods.registry import Registry
 
 TOKEN_SELECTORS = Registry("token selector")
 CORRECTIONS = Registry("sampler correction")
+CORRECTIONS.register_lazy("sparse_rl", "pods.sparse_rl:sparse_rl")  # Sparse-RL: rejection + importance reweighting
 
 
 @dataclass

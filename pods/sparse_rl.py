@@ -1,0 +1,74 @@
+"""Sparse-RL's correction (``algorithm.correction=sparse_rl``): sparsity-aware rejection + importance reweighting.
+
+The sampler generated with a compressed KV cache (``pi_sparse``); the trainer's dense pre-pass gives the dense
+old policy (``pi_old``). Per completion token, r_t = exp(clamp(log pi_old - log pi_sparse, -c, c)):
+- rejection: a whole sequence is dropped (loss_mask 0) if any valid token has the UNCLAMPED ratio below
+  ``veto`` (1e-4); tokens whose r_t lies outside the trust band [``band_low``, ``band_high``] are masked;
+- reweighting: w_t = min(r_t, ``cap``), divided by its mean so that it averages 1 (``weight_norm``), and
+  multiplied into the clipped surrogate through ``batch.token_weights``.
+The loss normalisers then come from the post-rejection ``loss_mask`` (``Backend.update``). Defaults are the
+values of the authors' released configuration; docs/sparse-rl.md gives the source of each and the choices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pods.tokens import StepContext
+
+DEFAULTS = {"veto": 1.0e-4, "band_low": 0.5, "band_high": 1.5, "cap": 1.5, "log_ratio_clamp": 20.0, "weight_norm": "valid"}
+WEIGHT_NORMS = ("valid", "all", "none")
+
+
+def settings(alg: dict) -> dict:
+    """The correction's settings: ``algorithm.sparse_rl`` over the defaults."""
+    return {**DEFAULTS, **(alg.get("sparse_rl") or {})}
+
+
+def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Tensor, c: dict, dist=None):
+    """Rejection mask and importance weights of one step's batch.
+
+    dense, sparse: [B, C] log-probs of the sampled tokens under the dense old policy and the sparse sampler;
+    mask: [B, C] float, 1 on valid completion tokens. ``dist`` (pods.distributed handle) sums the weight
+    normaliser over ranks. Returns (new_mask [B, C], weights [B, C], stats dict of global sums).
+    """
+    valid = mask > 0
+    raw = dense - sparse
+    r = torch.exp(raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]))
+    vetoed = ((raw < math.log(c["veto"])) & valid).any(dim=1)  # [B]
+    in_band = (r >= c["band_low"]) & (r <= c["band_high"])
+    new_mask = mask * in_band.float() * (~vetoed).float().unsqueeze(1)
+    w = r.clamp(max=c["cap"]) * mask
+    norm_mask = {"valid": new_mask, "all": mask}.get(c["weight_norm"])
+    has_seq = valid.any(dim=1)
+    sums = [float((w * norm_mask).sum()) if norm_mask is not None else 0.0, float(norm_mask.sum()) if norm_mask is not None else 0.0,
+            float((vetoed & has_seq).sum()), float(has_seq.sum()), float((valid & ~in_band).sum()), float(valid.sum()),
+            float(((sparse - dense) * mask).sum()), float(((r - raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]) - 1) * mask).sum())]
+    if dist is not None:
+        sums = dist.reduce(sums)
+    if norm_mask is not None and sums[1] > 0 and sums[0] > 1e-8:
+        w = w / (sums[0] / sums[1])
+    keys = ("w_sum", "w_count", "rejected", "seqs", "out_of_band", "tokens", "kl", "k3")
+    return new_mask, w, dict(zip(keys, sums))
+
+
+def sparse_rl(batch, ctx: StepContext) -> dict:
+    """Reject and reweight tokens of a sparse sampler against the dense old policy (edits the batch in place)."""
+    c = settings(ctx.alg)
+    mask = batch.loss_mask
+    new_mask, w, s = sparse_rl_weights(ctx.stats.logprobs.float(), batch.sampler_logprobs.float(), mask, c, ctx.dist)
+    batch.loss_mask = new_mask
+    batch.token_weights = w if batch.token_weights is None else batch.token_weights * w
+    kept = w[new_mask > 0]
+    w_max = ctx.dist.max(float(kept.max())) if kept.numel() else ctx.dist.max(0.0)
+    tokens = max(s["tokens"], 1.0)
+    return {
+        "sparse_rl_rejected_frac": s["rejected"] / max(s["seqs"], 1.0), "sparse_rl_masked_frac": s["out_of_band"] / tokens,
+        "sparse_rl_weight_mean": float(kept.mean()) if kept.numel() else 0.0, "sparse_rl_weight_max": w_max,
+        "mismatch_kl": s["kl"] / tokens, "mismatch_k3": s["k3"] / tokens,
+    }
+
+
+sparse_rl.needs_stats = True  # registered lazily in pods.tokens as CORRECTIONS "sparse_rl"

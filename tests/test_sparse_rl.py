@@ -1,0 +1,80 @@
+"""Sparse-RL correction (pods.sparse_rl): a hand-computed batch (veto, trust band, capped and normalised weights),
+the post-rejection loss normaliser, and the identity when the sampler is the dense HF engine (real loop)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import compose, shrink
+from pods import distributed
+from pods.backends.base import TokenStats, build_batch
+from pods.loop import train
+from pods.metrics import read_metrics
+from pods.sparse_rl import DEFAULTS, sparse_rl, sparse_rl_weights
+from pods.tokens import CORRECTIONS, StepContext
+
+
+def _batch_with_ratios(ratios: list[list[float]]):
+    """Rows whose dense/sparse log-prob difference is log(ratio) (sparse log-probs fixed at log 0.5)."""
+    comps = [[5] * len(r) for r in ratios]
+    sparse = [[math.log(0.5)] * len(r) for r in ratios]
+    batch = build_batch([[1, 2]] * len(ratios), comps, sparse, torch.ones(len(ratios)), pad_id=0)
+    dense = torch.zeros_like(batch.loss_mask)
+    for i, r in enumerate(ratios):
+        dense[i, : len(r)] = torch.log(torch.tensor(r)) + math.log(0.5)
+    return batch, dense
+
+
+def test_hand_computed_rejection_masking_and_weights():
+    # row 0: ratios 1.0, 2.0 (masked: > 1.5), 0.8 ; row 1: 1e-5 -> the whole row is vetoed ; row 2 (2 tokens): 1.2, 0.4 (masked)
+    batch, dense = _batch_with_ratios([[1.0, 2.0, 0.8], [1.0, 1e-5, 1.0], [1.2, 0.4]])
+    ctx = StepContext(alg={"correction": "sparse_rl"}, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense))
+    metrics = CORRECTIONS.get("sparse_rl")(batch, ctx)
+    assert batch.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [1, 0, 0]]
+    # capped weights min(r, 1.5) on the kept tokens: 1.0, 0.8, 1.2 -> mean 1.0 over the post-rejection tokens
+    mean = (1.0 + 0.8 + 1.2) / 3
+    w = batch.token_weights
+    assert w[0, 0].item() == pytest.approx(1.0 / mean) and w[0, 2].item() == pytest.approx(0.8 / mean)
+    assert w[2, 0].item() == pytest.approx(1.2 / mean)
+    assert w[0, 1].item() == pytest.approx(1.5 / mean)  # capped (masked anyway)
+    assert metrics["sparse_rl_rejected_frac"] == pytest.approx(1 / 3)
+    assert metrics["sparse_rl_masked_frac"] == pytest.approx(3 / 8)  # 2.0, 1e-5 and 0.4 are out of band, of 8 tokens
+    assert metrics["sparse_rl_weight_max"] == pytest.approx(1.2 / mean)
+    assert metrics["sparse_rl_weight_mean"] == pytest.approx(1.0)
+    logs = [math.log(x) for x in [1.0, 2.0, 0.8, 1.0, 1e-5, 1.0, 1.2, 0.4]]
+    assert metrics["mismatch_kl"] == pytest.approx(-sum(logs) / 8, rel=1e-5)
+    assert metrics["mismatch_k3"] == pytest.approx(sum(math.exp(x) - x - 1 for x in logs) / 8, rel=1e-5)
+
+
+def test_weight_norm_all_and_none_and_clamp():
+    mask = torch.ones(1, 3)
+    dense, sparse = torch.tensor([[0.0, 0.0, 30.0]]), torch.tensor([[0.0, math.log(2.0), 0.0]])
+    new, w, _ = sparse_rl_weights(dense, sparse, mask, {**DEFAULTS, "weight_norm": "none"})
+    assert new.tolist() == [[1, 1, 0]] and w[0].tolist() == pytest.approx([1.0, 0.5, 1.5])  # exp(30) clamped to e^20, capped at 1.5
+    _, w_all, _ = sparse_rl_weights(dense, sparse, mask, {**DEFAULTS, "weight_norm": "all"})
+    assert w_all[0].tolist() == pytest.approx([1.0, 0.5, 1.5])  # mean over all 3 valid tokens = 1.0
+    _, w_valid, _ = sparse_rl_weights(dense, sparse, mask, DEFAULTS)
+    assert w_valid[0].tolist() == pytest.approx([1 / 0.75, 0.5 / 0.75, 1.5 / 0.75])
+
+
+def test_registered_with_stats_request():
+    assert CORRECTIONS.get("sparse_rl") is sparse_rl and sparse_rl.needs_stats
+
+
+def test_identity_with_the_dense_hf_sampler(tiny_dir, tmp_path):
+    """Dense HF rollouts: sampler == dense policy (float32), so nothing is rejected or masked, the weights are 1
+    and the run equals the uncorrected one step for step (same seed, same losses)."""
+    rows = {}
+    for corr in ("none", "sparse_rl"):
+        cfg = shrink(compose(["algorithm=grpo", "algorithm.n=4", "algorithm.m=4", f"algorithm.correction={corr}"]), steps=3)
+        cfg["eval"]["at_start"] = False
+        train(cfg, tmp_path / corr)
+        rows[corr] = [r for r in read_metrics(tmp_path / corr / "metrics.jsonl") if r["kind"] == "train"]
+    for a, b in zip(rows["none"], rows["sparse_rl"]):
+        assert b["sparse_rl_rejected_frac"] == 0.0 and b["sparse_rl_masked_frac"] == 0.0
+        assert b["sparse_rl_weight_max"] == pytest.approx(1.0, abs=1e-4) and abs(b["mismatch_kl"]) < 1e-5
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
+        assert b["tokens_trained"] == a["tokens_trained"]
