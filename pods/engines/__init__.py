@@ -4,5 +4,6 @@ from pods.engines.base import ENGINES, Rollouts, Sampling
 
 ENGINES.register_lazy("hf", "pods.engines.hf:HFEngine")
 ENGINES.register_lazy("vllm", "pods.engines.vllm:VLLMEngine")
+ENGINES.register_lazy("sparse_hf", "pods.engines.sparse_hf:SparseHFEngine")  # compressed-KV rollouts (Sparse-RL)
 
 __all__ = ["ENGINES", "Rollouts", "Sampling"]
