@@ -78,3 +78,31 @@ def test_identity_with_the_dense_hf_sampler(tiny_dir, tmp_path):
         assert b["sparse_rl_weight_max"] == pytest.approx(1.0, abs=1e-4) and abs(b["mismatch_kl"]) < 1e-5
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
         assert b["tokens_trained"] == a["tokens_trained"]
+
+
+def test_corrected_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
+    """Perturbed sampler log-probs (some tokens out of band, one row vetoed, weights != 1), then one AdamW step
+    (eps = 1: the step follows the gradient's scale): micro-batches of 2 give the weights of one batch of 8."""
+    from pods import tokens
+    from pods.backends.local import LocalBackend
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 290, (int(k),), generator=g).tolist() for k in torch.randint(3, 9, (8,), generator=g)]
+    comps = [torch.randint(10, 290, (int(k),), generator=g).tolist() for k in torch.randint(2, 13, (8,), generator=g)]
+    after, norms = [], []
+    for micro in (8, 2):
+        cfg = compose(["algorithm=grpo", "algorithm.correction=sparse_rl", f"hardware.micro_batch_size={micro}", "optim.eps=1.0"])
+        backend = LocalBackend(str(tiny_dir), cfg)
+        batch = build_batch(prompts, comps, [[0.0] * len(c) for c in comps], torch.randn(8, generator=torch.Generator().manual_seed(1)), 0)
+        dense = backend.policy_stats(batch).logprobs
+        noise = torch.randn(dense.shape, generator=torch.Generator().manual_seed(2)) * 0.4
+        noise[3, 0] = 12.0  # ratio e^-12 < 1e-4: row 3 is vetoed
+        batch.sampler_logprobs = (dense + noise) * batch.loss_mask
+        m = tokens.apply(batch, backend, cfg["algorithm"], 0.0, distributed.SINGLE)
+        assert m["sparse_rl_rejected_frac"] == pytest.approx(1 / 8) and 0 < m["sparse_rl_masked_frac"] < 1
+        assert batch.loss_mask[3].sum() == 0
+        stats = backend.update(batch, lr=0.5)
+        after.append({k: v.clone() for k, v in backend.model.state_dict().items()})
+        norms.append(stats["grad_norm"])
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+    assert max((after[0][k] - after[1][k]).abs().max().item() for k in after[0]) < 2e-6
