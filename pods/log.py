@@ -19,13 +19,21 @@ def get(name: str = "pods") -> logging.Logger:
 
 
 def setup(rank: int | None = None) -> logging.Logger:
-    """Rank 0 logs INFO; other ranks only warnings and errors (``rank`` defaults to the environment's RANK)."""
+    """The ``pods`` logger, ready: rank 0 logs INFO, other ranks only warnings and errors (``rank`` defaults to the
+    environment's RANK). Where logging is configured (Hydra) records go to its handlers (``train.log``); where it is
+    not, to stderr. Idempotent: call it where a run starts and before a library function's first message."""
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     log = logging.getLogger("pods")
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    if not logging.getLogger().handlers and not log.handlers:  # nobody configured logging: print to stderr
+    own = [h for h in log.handlers if getattr(h, "_pods", False)]
+    if logging.getLogger().handlers:  # configured (Hydra): propagate to the root's console and file handlers
+        for h in own:
+            log.removeHandler(h)
+        log.propagate = True
+    elif not own:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(FORMAT))
+        handler._pods = True
         log.addHandler(handler)
         log.propagate = False
     return log
