@@ -57,6 +57,7 @@ def validate(cfg: dict) -> None:
     _need(float(a.get("beta") or 0) >= 0, "algorithm.beta must be >= 0")
     _need(int(a.get("ppo_epochs", 1)) >= 1, "algorithm.ppo_epochs must be >= 1")
     _name(ENGINES, cfg["rollout"]["name"], "rollout.name")
+    _sparse_rl(cfg)
     _name(BACKENDS, hw["backend"], "hardware.backend")
     _need(hw["finetune"] in ("lora", "full"), f"hardware.finetune must be 'lora' or 'full', got '{hw['finetune']}'")
     _need(int(hw["micro_batch_size"]) >= 1, "hardware.micro_batch_size must be >= 1")
@@ -133,3 +134,21 @@ def _launcher(hw: dict, rollout: dict) -> None:
     timeout = hw.get("dist_timeout_s")
     _need(timeout is None or float(timeout) > 0, f"hardware.dist_timeout_s must be null or > 0 seconds, got {timeout!r}")
     _need(not (rollout.get("multiprocessing") and int(world or 1) > 1), "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process")
+
+
+def _sparse_rl(cfg: dict) -> None:
+    """Sparse-RL: the compressed-KV engine's budget/method and the correction's thresholds."""
+    if cfg["rollout"]["name"] == "sparse_hf":
+        from pods.engines.sparse_hf import check
+
+        try:
+            check(cfg["rollout"])
+        except ValueError as e:
+            _need(False, str(e).replace("unknown KV compression method", "rollout.method: unknown KV compression method"))
+    if (cfg["algorithm"].get("correction") or "none") == "sparse_rl":
+        from pods.sparse_rl import WEIGHT_NORMS, settings
+
+        c = settings(cfg["algorithm"])
+        _need(c["weight_norm"] in WEIGHT_NORMS, f"algorithm.sparse_rl.weight_norm must be one of {', '.join(WEIGHT_NORMS)}, got '{c['weight_norm']}'")
+        _need(0 <= c["band_low"] < c["band_high"], f"algorithm.sparse_rl.band_low < band_high required, got [{c['band_low']}, {c['band_high']}]")
+        _need(c["veto"] > 0 and c["cap"] > 0 and c["log_ratio_clamp"] > 0, "algorithm.sparse_rl.veto, cap and log_ratio_clamp must be > 0")
