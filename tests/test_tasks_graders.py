@@ -194,3 +194,38 @@ def test_dataset_yamls_name_registered_options():
         assert cfg["name"] in DATASETS and cfg["recipe"] in RECIPES and cfg["grader"] in GRADERS, path.name
         if "prompt_format" in cfg:
             assert cfg["prompt_format"] in PROMPTS, path.name
+
+
+# The authors' lenient check (hendrycks/PRM800K-style string normalisation, no sympy), on answers in every
+# wrapper form a model writes inside <answer>: (completion answer, gold, verdict under the authors' rules).
+AUTHORS_FORMS = [
+    ("\\(\\frac{14}{3}\\)", "\\frac{14}{3}", True),  # inline math \( \)
+    ("\\[ \\dfrac{14}{3} \\]", "\\frac{14}{3}", True),  # display math \[ \], \dfrac
+    ("$\\frac{14}{3}$", "\\frac{14}{3}", True),
+    ("$$\\tfrac{14}{3}$$", "\\frac{14}{3}", True),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
+    ("\\(\\boxed{7}\\)", "7", True),
+    ("\\text{(B)}", "\\text{(B)}", True),
+    ("90^\\circ", "90", True),
+    ("90^{\\circ}", "90", True),
+    ("5 \\text{ cm}", "5", True),  # units on the right
+    ("x = 5", "5", True),  # short "x =" prefix
+    ("12\\%", "12", True),
+    ("\\$18.00", "18", True),
+    ("1,000", "1000", True),  # thousands separator
+    ("0.5", "\\frac{1}{2}", True),
+    ("\\frac12", "\\frac{1}{2}", True),
+    ("\\left( 3, 4 \\right)", "(3,4)", True),
+    ("\\(\\frac{14}{5}\\)", "\\frac{14}{3}", False),  # wrong value in a correct wrapper
+    ("\\(\\frac{14}{3}", "\\frac{14}{3}", False),  # unclosed delimiter: not a whole wrapper, not stripped
+    ("$18", "18", True),  # GSM8K: dollar sign
+    ("18 dollars", "18", True),  # GSM8K: the last number counts
+    ("\\(18\\)", "18", True),
+    ("17", "18", False),
+]
+
+
+@pytest.mark.parametrize("answer,gold,verdict", AUTHORS_FORMS, ids=[a for a, *_ in AUTHORS_FORMS])
+def test_lenient_agrees_with_the_authors_rules(answer, gold, verdict):
+    completion = f"<think>work</think>\n<answer>{answer}</answer>"
+    assert GRADERS.get("lenient")(completion, gold)[0] is verdict

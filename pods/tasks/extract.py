@@ -3,7 +3,8 @@
 Cheap, linear-time helpers shared by the datasets (gold extraction) and the graders (predicted answer).
 Normalisation = latex2sympy2_extended's ``normalize_latex`` (the MATH/hendrycks rules: \\dfrac -> \\frac,
 \\frac12 -> \\frac{1}{2}, 1/2 -> \\frac{1}{2}, 0.5 -> \\frac{1}{2}, \\left/\\right, units in \\text{...})
-followed by a few plain-string steps it leaves out: $ and % signs, thousands separators, a trailing
+followed by a few plain-string steps it leaves out: inline-math delimiters around the whole answer
+(\\( \\), \\[ \\], $ $), $ and % signs, thousands separators, a trailing
 period, "x = " prefixes, spaces, case, and one canonical spelling per decimal number (18.00 -> 18).
 """
 
@@ -23,6 +24,7 @@ _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 _ASSIGN = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
 _BOX = re.compile(r"\\(?:boxed|fbox)")
+_MATH_DELIMS = re.compile(r"^\s*(?:\\\(|\\\[|\$\$?)\s*(.*?)\s*(?:\\\)|\\\]|\$\$?)\s*$", re.S)
 
 
 def last_boxed(text: str) -> str | None:
@@ -99,6 +101,8 @@ def normalize(answer: str) -> str:
         return s
     from latex2sympy2_extended.math_normalization import normalize_latex
 
+    m = _MATH_DELIMS.match(s)  # \( x \), \[ x \], $ x $, $$ x $$ around the whole answer
+    s = m.group(1) if m else s
     s = s.strip("$ ").replace("\\!", "").replace("\\,", "").replace("\\ ", " ")
     s = canonical_number(s) or s  # "0.50" -> "0.5", which normalize_latex then writes as \frac{1}{2}
     s = normalize_latex(s, _norm_config())
