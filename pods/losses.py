@@ -103,3 +103,32 @@ def seq_mean(per_token, mask, n_seqs: int, n_tokens: int):
 def token_mean(per_token, mask, n_seqs: int, n_tokens: int):
     """Mean over all n_tokens loss tokens of the step (DAPO-style), so long answers weigh more."""
     return (per_token * mask).sum() / max(n_tokens, 1)
+
+
+@AGGREGATIONS.register("bnpo")
+def bnpo(per_token, mask, n_seqs: int, n_tokens: int):
+    """TRL 0.17's default: a token mean within each training unit, then an equal-weight mean over units and
+    ranks. Here the unit is the paper's (one kept prompt group of m rows), not a hardware micro-batch, so the
+    loss does not depend on ``hardware.micro_batch_size``. ``per_token`` [B, T] must already carry the
+    per-row factor 1 / (loss tokens of the row's group x groups per rank) from ``bnpo_scale``; this sums it."""
+    return (per_token * mask).sum()
+
+
+def bnpo_scale(group: torch.Tensor, mask: torch.Tensor, n_groups: float) -> torch.Tensor:
+    """Per-row factor of ``bnpo``: 1 / (N_g * n_groups) for row r of group g, where N_g = loss tokens of
+    group g over the whole step and n_groups = groups per rank (the all-rank total / world size).
+    group [B] long, mask [B, T] -> [B]."""
+    _, inv = torch.unique(group, return_inverse=True)
+    per_group = torch.zeros(int(inv.max()) + 1, dtype=mask.dtype).index_add_(0, inv, mask.sum(1))
+    return 1.0 / (per_group[inv].clamp(min=1) * max(n_groups, 1e-12))
+
+
+def _bnpo_prepare(batch, backend) -> None:
+    """Fold ``bnpo_scale`` into ``batch.token_weights`` before the micro-batches (exact under accumulation)."""
+    group = batch.group if batch.group is not None else torch.arange(len(batch))
+    n_groups, _ = backend.step_totals(int(torch.unique(group).numel()), 0)
+    scale = bnpo_scale(group, batch.loss_mask, n_groups).unsqueeze(1)
+    batch.token_weights = scale if batch.token_weights is None else batch.token_weights * scale
+
+
+bnpo.prepare = _bnpo_prepare

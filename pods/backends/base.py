@@ -173,6 +173,8 @@ class Backend:
         eps_high = a.get("epsilon_high") or eps_low
         beta = float(a.get("beta") or 0.0)
         n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
+        if hasattr(agg, "prepare"):  # per-row normalisers over the whole step (bnpo's per-group token counts)
+            agg.prepare(batch, self)
         if a.get("ppo_epochs", 1) > 1 and batch.old_logprobs is None:
             batch.old_logprobs = self.policy_logprobs(batch)  # fixed behaviour policy across epochs
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
