@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pods.tasks.toy import ANSWER, toy_arith
+from pods.tasks.toy import ANSWER
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -68,13 +68,17 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _sft_batch(tokenizer, examples, device="cpu"):
+def _toy_target(ex) -> str:
+    return ANSWER.format(result=ex.gold)
+
+
+def _sft_batch(tokenizer, examples, device="cpu", target=_toy_target):
     """Prompt + answer token ids, with labels only on the answer (and its end-of-turn token)."""
     seqs, labels = [], []
     for ex in examples:
         p = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True)
         p = list(p["input_ids"] if hasattr(p, "keys") else p)
-        a = tokenizer(ANSWER.format(result=ex.gold) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        a = tokenizer(target(ex) + "<|im_end|>", add_special_tokens=False)["input_ids"]
         seqs.append(p + a)
         labels.append([-100] * len(p) + a)
     width = max(map(len, seqs))
@@ -85,7 +89,7 @@ def _sft_batch(tokenizer, examples, device="cpu"):
     return ids, lab, mask
 
 
-def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0) -> None:
+def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=_toy_target) -> None:
     """Supervised steps on the answers. ``label_smoothing`` > 0 leaves the policy under-confident (sampling at
     T = 1 errs where greedy decoding is right), the regime in which RL's early gains come from sharpening."""
     from tqdm import tqdm
@@ -96,7 +100,7 @@ def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed:
     model.train()
     bar = tqdm(range(steps), desc="tiny warm start", leave=False, mininterval=2.0)
     for _ in bar:
-        ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch))
+        ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch), target=target)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100, label_smoothing=label_smoothing)
         loss.backward()
@@ -112,8 +116,12 @@ def build_tiny(spec: dict, out_dir: Path) -> dict:
 
     t0 = time.time()
     torch.manual_seed(spec["seed"])
-    data = toy_arith(spec["dataset"])
-    texts = [ex.messages[0]["content"] + " " + ANSWER.format(result=ex.gold) for ex in data.train] + ["user assistant system"]
+    from pods.tasks import DATASETS
+
+    loader = DATASETS.get(spec["dataset"].get("name", "toy_arith"))  # hook: another task warm-starts via its ``sft_target``
+    target = getattr(loader, "sft_target", _toy_target)
+    data = loader(spec["dataset"])
+    texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
     tok = build_tokenizer(texts, spec["vocab_size"])
     cfg = Qwen2Config(
         vocab_size=len(tok), hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
@@ -123,7 +131,7 @@ def build_tiny(spec: dict, out_dir: Path) -> dict:
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
     )
     model = Qwen2ForCausalLM(cfg).float()
-    warm_start(model, tok, data.train, spec["warm_start_steps"], spec["warm_start_batch"], spec["warm_start_lr"], spec["seed"], spec.get("warm_start_label_smoothing", 0.0))
+    warm_start(model, tok, data.train, spec["warm_start_steps"], spec["warm_start_batch"], spec["warm_start_lr"], spec["seed"], spec.get("warm_start_label_smoothing", 0.0), target)
     model.generation_config = GenerationConfig(
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
     )

@@ -134,3 +134,20 @@ def test_bad_sparse_rl_settings_fail_with_the_key(overrides, key):
 
     with pytest.raises(Exception, match=key.replace(".", r"\.")):
         validate(compose(overrides))
+
+
+def test_toy_long_task_answers_step_by_step():
+    from pods.tasks import DATASETS, RECIPES
+    from pods.tasks.graders import GRADERS as _G  # noqa: F401  (registers the graders)
+    from pods.tasks.toy import grade_toy
+    from pods.tasks.toy_long import solution
+
+    assert solution([23, 45, 12, 31]) == "23+45=68 68+12=80 80+31=111 Answer: 111"
+    data = DATASETS.get("toy_long")({"train_size": 300, "test_size": 50})
+    assert len(data.train) == 300 and not {e.id for e in data.train} & {e.id for e in data.test}
+    assert all(4 <= len(e.id.split("+")) <= 6 and int(e.gold) == sum(map(int, e.id.split("+"))) for e in data.train)
+    ex = data.test[0]
+    good = DATASETS.get("toy_long").sft_target(ex)
+    score = RECIPES.get("toy_long")(good, ex.gold, grade_toy)
+    assert score.correct and score.reward == pytest.approx(1.0)
+    assert RECIPES.get("toy_long")(good.replace("Answer: ", "= "), ex.gold, grade_toy).reward == pytest.approx(0.8)
