@@ -74,6 +74,7 @@ def validate(cfg: dict) -> None:
     _name(RECIPES, ds["recipe"], "dataset.recipe")
     _name(GRADERS, ds["grader"], "dataset.grader")
     _need(t["prompts_per_step"] >= 1, "train.prompts_per_step must be >= 1")
+    _need(t["prompts_per_step"] % t.get("group_repeats", 1) == 0, "train.group_repeats must divide train.prompts_per_step")
     _need(t.get("max_steps") or t.get("time_budget_s"), "set train.max_steps or train.time_budget_s (or both)")
     _need(cfg["sampling"]["temperature"] > 0, "sampling.temperature must be > 0 for RL rollouts")
     _need(cfg["sampling"]["max_tokens"] >= 1, "sampling.max_tokens must be >= 1")

@@ -2,6 +2,9 @@
 
 With several ranks every rank walks the same global order and takes its own slice of each step's
 ``batch * world`` prompts, so the data position (the checkpointed state) is the same on every rank.
+With ``repeats = r`` (``train.group_repeats``) a rank's ``batch`` groups are ``batch / r`` distinct prompts,
+each repeated r times in a row: independent groups of n rollouts of the SAME prompt in one step (the
+authors' 8-GPU runs: one prompt per GPU per optimizer step, its accumulation groups all of that prompt).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ import torch
 
 
 class PromptSampler:
-    def __init__(self, size: int, batch: int, seed: int, rank: int = 0, world: int = 1):
+    def __init__(self, size: int, batch: int, seed: int, rank: int = 0, world: int = 1, repeats: int = 1):
         if size < 1:
             raise ValueError("the training split has no prompts (after filtering by dataset.max_prompt_length)")
-        self.size, self.batch, self.seed = size, batch, seed
+        if repeats < 1 or batch % repeats:
+            raise ValueError(f"train.group_repeats = {repeats} must divide train.prompts_per_step = {batch}")
+        self.size, self.batch, self.seed, self.repeats = size, batch // repeats, seed, repeats
         self.rank, self.world = rank, world
         self.epoch, self.pos = 0, 0
         self._order = self._perm()
@@ -31,7 +36,7 @@ class PromptSampler:
             take = min(total - len(out), self.size - self.pos)
             out += self._order[self.pos : self.pos + take]
             self.pos += take
-        return out[self.rank * self.batch : (self.rank + 1) * self.batch]
+        return [i for i in out[self.rank * self.batch : (self.rank + 1) * self.batch] for _ in range(self.repeats)]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "size": self.size, "seed": self.seed}

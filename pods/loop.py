@@ -120,7 +120,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     test_ids, test_ex, _ = encode_prompts(task.test[: ev.get("max_examples") or None], tok, ds.get("max_prompt_length"))
     backend = BACKENDS.get(hw["backend"])(model_dir, cfg)
     engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
-    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world)  # prompts per rank
+    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world, t.get("group_repeats", 1))  # prompts per rank
     gen = torch.Generator().manual_seed(cfg["seed"] + dist.rank)  # the random down-sampling rule's stream
     state = {"step": 0, "train_time": 0.0, "last_eval": 0.0, "last_ckpt": 0.0, "evals": 0}
     ckpt_dir = run_dir / "checkpoints"

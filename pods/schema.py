@@ -41,6 +41,7 @@ class Sampling(Section):
 
 class Train(Section):
     prompts_per_step: Pos = 2  # prompt groups per optimizer step (per rank)
+    group_repeats: Pos = 1  # each distinct prompt fills this many groups of a step (must divide prompts_per_step)
     max_steps: Pos | None = None  # optimizer steps; null = until the time budget
     time_budget_s: PosF | None = 120.0  # training seconds (evaluation and checkpointing excluded)
     old_logprobs: Literal["policy", "sampler"] = "policy"

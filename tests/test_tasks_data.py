@@ -179,3 +179,36 @@ def test_importing_tasks_does_not_import_datasets_or_sympy():
     code = "import sys, pods.tasks; print('datasets' in sys.modules, 'sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_group_repeats_gives_each_rank_one_prompt_repeated_in_its_groups():
+    """train.group_repeats = prompts_per_step (the authors' 8-GPU batches): every rank's step is ONE prompt in
+    all its groups, ranks take distinct prompts, and successive steps walk the shuffled order without gaps."""
+    from pods.data import PromptSampler
+
+    world, steps = 4, 5
+    samplers = [PromptSampler(50, 16, seed=3, rank=r, world=world, repeats=16) for r in range(world)]
+    seen = []
+    for _ in range(steps):
+        per_rank = [s.next() for s in samplers]
+        assert all(len(p) == 16 and len(set(p)) == 1 for p in per_rank)
+        assert len({p[0] for p in per_rank}) == world  # one distinct prompt per rank
+        seen += [p[0] for p in per_rank]
+    plain = PromptSampler(50, 1, seed=3, rank=0, world=1)
+    assert seen == [plain.next()[0] for _ in range(world * steps)]  # the same order as one prompt per step
+    pods = PromptSampler(50, 4, seed=3, rank=1, world=2, repeats=2)
+    step = pods.next()
+    assert step[0] == step[1] != step[2] == step[3]  # 2 distinct prompts, each in 2 groups
+
+
+def test_group_repeats_must_divide_prompts_per_step():
+    from conftest import compose
+
+    from pods.config import ConfigError, validate
+    from pods.data import PromptSampler
+
+    with pytest.raises(ValueError, match="group_repeats"):
+        PromptSampler(10, 6, seed=0, repeats=4)
+    with pytest.raises(ConfigError, match="train.group_repeats"):
+        validate(compose(["train.prompts_per_step=6", "train.group_repeats=4"]))
+    validate(compose(["train.prompts_per_step=6", "train.group_repeats=3"]))
