@@ -222,6 +222,12 @@ AUTHORS_FORMS = [
     ("18 dollars", "18", True),  # GSM8K: the last number counts
     ("\\(18\\)", "18", True),
     ("17", "18", False),
+    ("14/3", "\\frac{14}{3}", True),  # a/b -> \frac{a}{b}
+    ("5 cm", "5", True),  # unit words are dropped
+    ("3 hours", "3", True),
+    ("\\text{Monday}", "monday", True),  # case-insensitive text answers
+    ("\\(\\sqrt{2}\\)", "\\sqrt{2}", True),
+    ("1.5 million", "1500000", False),  # "million" -> *10^6, but sympy was off: no match
 ]
 
 
