@@ -235,3 +235,38 @@ AUTHORS_FORMS = [
 def test_lenient_agrees_with_the_authors_rules(answer, gold, verdict):
     completion = f"<think>work</think>\n<answer>{answer}</answer>"
     assert GRADERS.get("lenient")(completion, gold)[0] is verdict
+
+
+# open-r1's accuracy in the authors' 8-GPU runs: LaTeX only with an anchor ("answer is", \boxed), first match
+# over the whole completion (math-verify orders matches from the end); plain numbers and bare inline math do not
+# count. (completion, gold, verdict)
+STRICT_FORMS = [
+    ("<answer>18</answer>", "18", False),  # a plain number: no LaTeX, no credit
+    ("The answer is $18$.", "18", True),
+    ("<answer>\\boxed{18}</answer>", "18", True),
+    ("so \\(x=3\\) then \\boxed{18}", "18", True),  # boxed first
+    ("first $3$ then $18$", "18", False),  # no anchor
+    ("\\boxed{17}", "18", False),
+    ("The final answer is $\\frac{1}{2}$", "\\frac{1}{2}", True),
+    ("The answer is $18$. Later: the answer is $17$.", "17", True),  # math-verify tries matches from the end
+]
+
+
+@pytest.mark.parametrize("completion,gold,verdict", STRICT_FORMS, ids=[c[:30] for c, *_ in STRICT_FORMS])
+def test_math_verify_strict_is_open_r1s_accuracy(completion, gold, verdict):
+    assert GRADERS.get("math_verify_strict")(completion, gold)[0] is verdict
+
+
+def test_strict_gold_from_the_full_gsm8k_solution_is_the_answer_after_hashes():
+    """The authors parsed the gold from the full solution text (first match); on the first 100 GSM8K test
+    rows that is the number after '####', which is the gold our dataset passes."""
+    import json
+
+    from math_verify import parse
+
+    from conftest import SHARED
+
+    rows = [json.loads(line) for line in (SHARED / "data/gsm8k/test.jsonl").open()][:100]
+    for r in rows:
+        gold = r["answer"].split("####")[-1].strip().replace(",", "")
+        assert str(parse(r["answer"], extraction_mode="first_match")[-1]) == gold

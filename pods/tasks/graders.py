@@ -1,4 +1,5 @@
-"""Correctness graders, by name: ``lenient`` (the paper's), ``math_verify`` (strict) and ``boxed``.
+"""Correctness graders, by name: ``lenient`` (the paper's single-GPU check), ``math_verify``,
+``math_verify_strict`` (open-r1's accuracy, the paper's 8-GPU runs) and ``boxed``.
 
 Each is ``fn(completion, gold) -> (correct, extracted)``; ``gold`` is an already-extracted answer string.
 Model text is only parsed, never evaluated: math-verify turns LaTeX into unevaluated sympy trees, and a
@@ -53,6 +54,35 @@ def grade_math_verify(completion: str, gold: str) -> tuple[bool, str | None]:
     pred = _parse(region[-MAX_REGION_CHARS:].replace("\\$", ""), boxed_first=True)  # math-verify drops "\\$18"
     extracted = next((p for p in reversed(pred) if isinstance(p, str)), None)
     return same_answer(extracted, gold) or _verify(gold, pred), extracted
+
+
+@GRADERS.register("math_verify_strict")
+def grade_math_verify_strict(completion: str, gold: str) -> tuple[bool, str | None]:
+    """open-r1's accuracy as the authors' 8-GPU runs computed it: LaTeX extraction only (no plain numbers,
+    no anchor-free matches), boxed first, over the whole completion, malformed operators and
+    nits not repaired; extraction_mode first_match (math-verify tries the matches from the end of the text).
+    The gold is parsed by math-verify's defaults (first match)."""
+    text = completion[-TAIL_CHARS:]
+    if not text.strip() or not _nesting_ok(text):
+        return False, None
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    norm = NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True, boxed="all", units=True)  # their equations=True: now the parser's default
+    config = LatexExtractionConfig(normalization_config=norm, boxed_match_priority=0, try_extract_without_anchor=False)
+    pred = parse(text, extraction_config=[config], extraction_mode="first_match", parsing_timeout=_inner_timeout())
+    gold_parsed = _parse_gold_first(gold)
+    extracted = next((p for p in reversed(pred) if isinstance(p, str)), None)
+    if not pred or not gold_parsed or not all(_tame(p) for p in (*gold_parsed, *pred)):
+        return False, extracted
+    return bool(verify(list(gold_parsed), pred, timeout_seconds=_inner_timeout())), extracted
+
+
+@lru_cache(maxsize=16384)
+def _parse_gold_first(gold: str) -> tuple:
+    from math_verify import parse
+
+    return tuple(parse(gold, extraction_mode="first_match", parsing_timeout=_inner_timeout()))
 
 
 @GRADERS.register("boxed")
