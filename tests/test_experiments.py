@@ -34,7 +34,7 @@ L40S = {  # single L40S, LoRA on a 4-bit base, 1 prompt per step, 6 h, eval of t
     "optim.name": "adamw_8bit", "optim.lr": 5e-6, "optim.schedule": "constant", "optim.warmup_ratio": 0.0,
     "optim.betas": [0.9, 0.99], "optim.weight_decay": 0.1, "optim.max_grad_norm": 0.1,
     "sampling.temperature": 0.9, "sampling.max_tokens": 512, "dataset.max_prompt_length": 512,
-    "algorithm.beta": 0.0, "algorithm.epsilon": 0.2, "train.prompts_per_step": 1, "train.time_budget_s": 6 * 3600,
+    "algorithm.beta": 0.0, "algorithm.epsilon": 0.2, "algorithm.loss_agg": "seq_mean", "train.prompts_per_step": 1, "train.group_repeats": 1, "train.time_budget_s": 6 * 3600,
     "train.checkpoint_every_s": 1800, "eval.every_s": 1800, "eval.temperature": 0.9, "eval.repeats": 5,
     "eval.max_tokens": 512, "eval.max_examples": None,
 }
@@ -44,17 +44,18 @@ PODS = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algori
 RELEASE = {"dataset.prompt_format": "pods_instruct", "dataset.grader": "lenient"}  # the published Qwen runs' prompt and grader
 GSM8K = {**RELEASE, "dataset.name": "gsm8k", "dataset.recipe": "pods_release"}  # correctness + format bonus when wrong
 MATH = {**RELEASE, "dataset.name": "math", "dataset.recipe": "correctness"}  # MATH: correctness only
-LLAMA = {"model.path": LLAMA3B, "algorithm.beta": 0.04, "train.time_budget_s": 5400, "train.checkpoint_every_s": 600, "eval.every_s": 600}
+LLAMA = {"model.path": LLAMA3B, "dataset.recipe": "pods_0c453d2", "algorithm.beta": 0.04, "train.time_budget_s": 5400, "train.checkpoint_every_s": 600, "eval.every_s": 600}
 X8 = {  # 8 GPUs, full fine-tuning, 40 min, eval every 2 min of training time on the full GSM8K test set
     "model.quantization": None, "hardware.finetune": "full", "hardware.dtype": "bfloat16", "hardware.gradient_checkpointing": True,
     "rollout.name": "vllm", "optim.lr": 2e-5, "optim.schedule": "cosine", "optim.warmup_ratio": 0.1,
     "sampling.temperature": 0.9, "sampling.max_tokens": 1024, "algorithm.beta": 0.0, "algorithm.epsilon": 0.2,
     "train.time_budget_s": 40 * 60, "eval.every_s": 120, "eval.max_examples": None, "dataset.name": "gsm8k_open_r1",
-    "dataset.recipe": "open_r1", "dataset.grader": "math_verify", "dataset.prompt_format": "open_r1",  # open-r1 style
+    "dataset.recipe": "open_r1", "dataset.grader": "math_verify_strict", "dataset.prompt_format": "open_r1",  # open-r1 style
+    "algorithm.loss_agg": "bnpo", "optim.betas": [0.9, 0.999], "sampling.top_k": 50,  # TRL 0.17 / HF Trainer defaults
     "hardware.micro_batch_size": 32,  # the per-GPU memory limit: GRPO-GA accumulates 16 x 32, PODS 4 x 32
 }
-GA_32 = {"algorithm.name": "grpo_ga", "algorithm.grad_accum": True, "algorithm.n": 32, "algorithm.m": 32, "train.prompts_per_step": 16}
-PODS_128_32 = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algorithm.n": 128, "algorithm.m": 32, "train.prompts_per_step": 4}
+GA_32 = {"algorithm.name": "grpo_ga", "algorithm.grad_accum": True, "algorithm.n": 32, "algorithm.m": 32, "train.prompts_per_step": 16, "train.group_repeats": 16}
+PODS_128_32 = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algorithm.n": 128, "algorithm.m": 32, "train.prompts_per_step": 4, "train.group_repeats": 4}
 
 PAPER = {
     "gsm8k_qwen3b_grpo_16_16_l40s": {**L40S, **GRPO, **GSM8K, "model.path": QWEN3B, "algorithm.n": 16, "algorithm.m": 16},

@@ -136,12 +136,15 @@ def test_pods_release():
     assert r("<think><think></think>", "18", WRONG).terms == {"correct": 0.0, "format": 0.0, "tags": pytest.approx(0.025)}
 
 
-def test_pods_head():
-    r = RECIPES.get("pods_head")
+@pytest.mark.parametrize("name,scale", [("pods_0c453d2", 0.01), ("pods_187f43b", 0.1), ("pods_head", 0.1)])
+def test_pods_later_commits(name, scale):
+    """0c453d2: format 0.01 x score, 0.0025 per tag; the head 187f43b: 0.1 and 0.025 (max 1.2)."""
+    r = RECIPES.get(name)
     s = r(GOOD, "18", RIGHT)
-    assert s.reward == pytest.approx(1.0 + 0.01 + 4 * 0.0025) and s.formatted
-    assert r("ab" + GOOD, "18", WRONG).terms["format"] == pytest.approx(0.01 * (1 - 0.02))
+    assert s.reward == pytest.approx(1.0 + scale + 4 * 0.25 * scale) and s.formatted
+    assert r("ab" + GOOD, "18", WRONG).terms["format"] == pytest.approx(scale * (1 - 0.02))
     assert r("plain 18", "18", RIGHT).terms == {"correct": 1.0, "format": 0.0, "tags": 0.0}
+    assert RECIPES.get("pods_3fc107e") is RECIPES.get("pods_release")
 
 
 def test_open_r1():

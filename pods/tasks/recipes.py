@@ -1,13 +1,13 @@
 """Reward recipes, by name: each a sum of named terms (logged separately). The grader is passed in.
 
 - ``correctness``: 1.0 if right. The authors' released MATH runs used only this.
-- ``pods_release`` (the published Qwen GSM8K runs): 1.0 if right; only if wrong, a format bonus
-  max(0, 0.1 - 0.001 x characters outside the think/answer match) and 0.025 per tag
-  (<think>, </think>, <answer>, </answer>) appearing exactly once.
-- ``pods_head`` (the authors' later single-GPU code, applied to every answer): 1.0 if right
-  + 0.01 x max(0, 1 - 0.01 x characters outside the match) + 0.0025 per tag appearing once (max 1.02).
-  Note: paper-facts.md quotes 0.1 and 0.025 here; the code read (utils/data.py at 0c453d2) scales the
-  format and tag rewards by 0.01 (0.01 x 1 and 0.01 x 0.25). The constants below follow the code.
+- ``pods_3fc107e`` (alias ``pods_release``; the authors' release commit 3fc107e, the published Qwen GSM8K
+  runs): 1.0 if right; only if wrong, a format bonus max(0, 0.1 - 0.001 x characters outside the
+  think/answer match) and 0.025 per tag (<think>, </think>, <answer>, </answer>) appearing exactly once.
+- ``pods_0c453d2`` (commit 0c453d2, with which the Llama results were committed; applied to every answer):
+  1.0 if right + 0.01 x max(0, 1 - 0.01 x characters outside the match) + 0.0025 per tag seen once (max 1.02).
+- ``pods_187f43b`` (alias ``pods_head``; the head commit 187f43b, utils/data.py): the same terms scaled by
+  0.1 instead of 0.01: + 0.1 x max(0, 1 - 0.01 x extra characters) + 0.025 per tag (max 1.2).
 - ``open_r1`` (their multi-GPU runs): accuracy + 1.0 if the completion is exactly
   ``<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`` + 0.25 per newline-delimited tag seen once.
 The "think/answer match" is the authors' greedy ``<think>.*</think>[ \\n]?<answer>.*</answer>``,
@@ -22,7 +22,7 @@ from pods.tasks.base import RECIPES, Score
 
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 R1_TAGS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
-HEAD_FORMAT_WEIGHT, HEAD_TAG_WEIGHT = 0.01, 0.0025
+SCALE_0C453D2, SCALE_187F43B = 0.01, 0.1  # format 1 x scale, each tag 0.25 x scale
 RELEASE_FORMAT_MAX, RELEASE_PER_CHAR, RELEASE_TAG_WEIGHT = 0.1, 0.001, 0.025
 
 _JOIN = re.compile(r"</think>[ \n]?<answer>")
@@ -96,13 +96,23 @@ def recipe_pods_release(completion: str, gold: str, grade) -> Score:
     return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
 
 
-@RECIPES.register("pods_head")
-def recipe_pods_head(completion: str, gold: str, grade) -> Score:
-    correct, extracted = grade(completion, gold)
-    extra = chars_outside(completion)
-    fmt = 0.0 if extra is None else HEAD_FORMAT_WEIGHT * max(0.0, 1.0 - 0.01 * extra)
-    terms = {"correct": float(correct), "format": fmt, "tags": HEAD_TAG_WEIGHT * tags_once(completion)}
-    return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
+def _always_bonus(scale: float):
+    """The later commits' recipe: correctness + scale x format score + scale x 0.25 per tag, on every answer."""
+
+    def recipe(completion: str, gold: str, grade) -> Score:
+        correct, extracted = grade(completion, gold)
+        extra = chars_outside(completion)
+        fmt = 0.0 if extra is None else scale * max(0.0, 1.0 - 0.01 * extra)
+        terms = {"correct": float(correct), "format": fmt, "tags": scale * 0.25 * tags_once(completion)}
+        return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
+
+    return recipe
+
+
+RECIPES.register("pods_3fc107e")(recipe_pods_release)
+RECIPES.register("pods_0c453d2")(_always_bonus(SCALE_0C453D2))
+RECIPES.register("pods_187f43b")(_always_bonus(SCALE_187F43B))
+RECIPES.register("pods_head")(RECIPES.get("pods_187f43b"))
 
 
 @RECIPES.register("open_r1")
