@@ -48,6 +48,8 @@ def validate(cfg: dict) -> None:
     elif a["rule"] == "all":
         _need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
     _name(ADVANTAGES, a["advantage"], "algorithm.advantage")
+    lt = a.get("loss_temperature", "sampling")
+    _need(lt == "sampling" or (isinstance(lt, (int, float)) and not isinstance(lt, bool) and lt > 0), f"algorithm.loss_temperature must be 'sampling' or a number > 0, got {lt!r}")
     _name(POLICY_LOSSES, a["policy_loss"], "algorithm.policy_loss")
     _name(AGGREGATIONS, a["loss_agg"], "algorithm.loss_agg")
     _name(TOKEN_SELECTORS, a.get("token_rule") or "all", "algorithm.token_rule")

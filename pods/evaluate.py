@@ -1,4 +1,5 @@
-"""Evaluation on the test prompts: accuracy, format accuracy, mean reward and completion length."""
+"""Evaluation on the test prompts: accuracy, format accuracy, both (right AND formatted: the authors'
+``both_acc``, the Llama panel's metric), mean reward and completion length."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: dict, ds
     return {
         "accuracy": sum(s.correct for s in scores) / k,
         "format_accuracy": sum(s.formatted for s in scores) / k,
+        "both_accuracy": sum(s.correct and s.formatted for s in scores) / k,
         "reward": sum(s.reward for s in scores) / k,
         "mean_length": ro.num_tokens / k,
         "timeouts": sum(s.timed_out for s in scores),

@@ -46,7 +46,8 @@ def by_rule(a: dict) -> str:
 
 
 def single_gpu_reference(train_set: str, model: str, keep: Callable[[dict], bool]) -> Callable[[Path], list[dict]]:
-    """The authors' single-GPU checkpoints (every 30 min; Llama every 10 min), answer accuracy on the test set."""
+    """The authors' single-GPU checkpoints (every 30 min; Llama every 10 min) on the test set: answer accuracy
+    (``ans_acc``) as ``accuracy`` and right-AND-formatted (``both_acc``) as ``both_accuracy``."""
 
     def load(ref: Path) -> list[dict]:
         every = 600 if model.startswith("Llama") else 1800
@@ -59,7 +60,8 @@ def single_gpu_reference(train_set: str, model: str, keep: Callable[[dict], bool
                 n, m = int(r["n"]), int(r["m"])
                 a = {"rule": r["rule"] if n != m else "all", "n": n, "m": m, "grad_accum": False}
                 if keep(a):
-                    out.append({"alg": a, "run_dir": r["run_name"], "train_time": int(r["checkpoint_index"]) * every, "accuracy": float(r["ans_acc"])})
+                    out.append({"alg": a, "run_dir": r["run_name"], "train_time": int(r["checkpoint_index"]) * every,
+                                "accuracy": float(r["ans_acc"]), "both_accuracy": float(r["both_acc"])})
         return out
 
     return load
@@ -93,6 +95,7 @@ class Figure:
     reference: Callable[[Path], list[dict]] | None = None
     baseline: str | None = None  # the label whose best mean accuracy sets the speed-up target
     time_unit: str = "h"
+    metric: str = "accuracy"  # the eval metric plotted: accuracy | both_accuracy (answer AND format, the Llama panel)
 
 
 QWEN3B_GSM8K_PODS = "gsm8k_qwen3b_pods_64_16_l40s"
@@ -106,7 +109,7 @@ FIGURES = {
         reference=single_gpu_reference("math", "Qwen2.5-3B-Instruct", lambda a: True), baseline="GRPO 8/8"),
     "3-gsm8k-llama3b-l40s": Figure(
         "GSM8K, Llama-3.2-3B-Instruct, 1x L40S (LoRA, beta 0.04)", ("gsm8k_llama3b_grpo_16_16_l40s", "gsm8k_llama3b_pods_64_16_l40s"), "seeds_single_gpu",
-        reference=single_gpu_reference("gsm8k", "Llama-3.2-3B-Instruct", lambda a: True), baseline="GRPO 16/16"),
+        reference=single_gpu_reference("gsm8k", "Llama-3.2-3B-Instruct", lambda a: True), baseline="GRPO 16/16", metric="both_accuracy"),
     "3-gsm8k-qwen3b-h100x8": Figure(
         "GSM8K, Qwen2.5-3B-Instruct, 8x H100 (full FT)", ("gsm8k_qwen3b_grpo_ga_h100x8", "gsm8k_qwen3b_pods_h100x8"), "seeds_multi_gpu",
         gpus=8, reference=multi_gpu_reference("pods_h100x8_wandb_acc.csv"), baseline="GRPO-GA 32/32", time_unit="min"),
@@ -213,15 +216,16 @@ def summarize(curves: list[dict], baseline: str | None) -> list[str]:
 def plot(name: str, runs: Path, out: Path, reference: Path | None) -> list[dict]:
     fig = FIGURES[name]
     ours = eval_rows(collect(runs, fig.label)) if runs.exists() else []
-    curves = mean_curves(ours)
+    curves = mean_curves(ours, metric=fig.metric)
     if reference is not None and fig.reference is not None and reference.exists():
         theirs = [{**r, "label": fig.label(r.pop("alg"))} for r in fig.reference(reference)]
-        curves += mean_curves(theirs, source="authors")
+        curves += mean_curves(theirs, source="authors", metric=fig.metric)
     if not curves:
         raise SystemExit(f"[figures] no runs under {runs} and no reference curves: run `make reproduce-figure-{name}` first")
     write_csv(ours, out / "evals.csv")
     write_csv(curves, out / "mean_curves.csv", CURVE_FIELDS)
-    png = plot_mean_curves(curves, out / "accuracy_vs_time.png", fig.title, fig.time_unit)
+    ylabel = {"accuracy": "test accuracy", "both_accuracy": "test accuracy AND format"}[fig.metric]
+    png = plot_mean_curves(curves, out / "accuracy_vs_time.png", fig.title, fig.time_unit, ylabel)
     print(f"[figures] {png}\n[figures] {out / 'mean_curves.csv'}  {out / 'evals.csv'}")
     for line in summarize(curves, fig.baseline):
         print("[figures]", line)

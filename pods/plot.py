@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pods.metrics import read_metrics
 
-FIELDS = ["label", "run_dir", "step", "train_time", "accuracy", "format_accuracy", "reward", "mean_length"]
+FIELDS = ["label", "run_dir", "step", "train_time", "accuracy", "format_accuracy", "both_accuracy", "reward", "mean_length"]
 
 
 def eval_rows(runs: dict[str, list[str | Path]]) -> list[dict]:
@@ -67,8 +67,8 @@ def _save(fig, ax, path, title: str, xlabel: str, ylabel: str, legend_size=None)
 CURVE_FIELDS = ["source", "label", "time", "mean", "lo", "hi", "se", "runs"]
 
 
-def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str = "ours") -> list[dict]:
-    """Per label: the mean accuracy over its runs at each grid time, with a 1.96 standard-error band.
+def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str = "ours", metric: str = "accuracy") -> list[dict]:
+    """Per label: the mean ``metric`` (default accuracy) over its runs at each grid time, with a 1.96 standard-error band.
 
     ``rows`` are ``eval_rows``-style dicts (label, run_dir, train_time, accuracy). Each run's curve is linearly
     interpolated onto the grid; a grid time outside a run's evaluated span is left out for that run (never
@@ -80,8 +80,8 @@ def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str =
 
     curves: dict[str, dict[str, dict[float, float]]] = {}
     for r in rows:
-        if r.get("accuracy") is not None and r.get("train_time") is not None:
-            curves.setdefault(r["label"], {}).setdefault(r["run_dir"], {})[float(r["train_time"])] = float(r["accuracy"])
+        if r.get(metric) is not None and r.get("train_time") is not None:
+            curves.setdefault(r["label"], {}).setdefault(r["run_dir"], {})[float(r["train_time"])] = float(r[metric])
     if grid is None:
         gaps = [b - a for runs in curves.values() for pts in runs.values() for a, b in zip(sorted(pts), sorted(pts)[1:])]
         end = max((t for runs in curves.values() for pts in runs.values() for t in pts), default=0.0)

@@ -34,7 +34,7 @@ L40S = {  # single L40S, LoRA on a 4-bit base, 1 prompt per step, 6 h, eval of t
     "optim.name": "adamw_8bit", "optim.lr": 5e-6, "optim.schedule": "constant", "optim.warmup_ratio": 0.0,
     "optim.betas": [0.9, 0.99], "optim.weight_decay": 0.1, "optim.max_grad_norm": 0.1,
     "sampling.temperature": 0.9, "sampling.max_tokens": 512, "dataset.max_prompt_length": 512,
-    "algorithm.beta": 0.0, "algorithm.epsilon": 0.2, "algorithm.loss_agg": "seq_mean", "train.prompts_per_step": 1, "train.group_repeats": 1, "train.time_budget_s": 6 * 3600,
+    "algorithm.beta": 0.0, "algorithm.epsilon": 0.2, "algorithm.loss_agg": "seq_mean", "algorithm.loss_temperature": "sampling", "train.prompts_per_step": 1, "train.group_repeats": 1, "train.time_budget_s": 6 * 3600,
     "train.checkpoint_every_s": 1800, "eval.every_s": 1800, "eval.temperature": 0.9, "eval.repeats": 5,
     "eval.max_tokens": 512, "eval.max_examples": None,
 }

@@ -178,3 +178,20 @@ def test_bnpo_is_exact_under_gradient_accumulation(mbs):
     # the whole-batch value by hand: ratio = 1 at old = current, so the loss per token is -A
     per_group = [(-(1.0 * 3) + 1.0 * 1) / 4, (-(0.5 * 2) + 0.5 * 4) / 6, -2.0 * 2 / 2]
     assert whole[0] == pytest.approx(sum(per_group) / 3, rel=1e-6)
+
+
+def test_loss_temperature_option():
+    """algorithm.loss_temperature: 'sampling' divides the logits by the sampling T; 1.0 = the raw logits
+    (the authors' TRL 0.14 loss); anything else is a one-line config error."""
+    from conftest import compose
+
+    from pods.backends.base import loss_temperature
+    from pods.config import ConfigError, validate
+
+    cfg = compose(["sampling.temperature=0.9"])
+    assert loss_temperature(cfg) == pytest.approx(0.9)
+    cfg = compose(["sampling.temperature=0.9", "algorithm.loss_temperature=1.0"])
+    assert loss_temperature(cfg) == 1.0
+    validate(cfg)
+    with pytest.raises(ConfigError, match="algorithm.loss_temperature"):
+        validate(compose(["algorithm.loss_temperature=hot"]))

@@ -75,6 +75,14 @@ def token_stats(model, mb: "TrainBatch", temperature: float, chunk_tokens: int |
     return TokenStats(logp, ent)
 
 
+def loss_temperature(cfg: dict) -> float:
+    """The temperature dividing the logits in the loss: ``algorithm.loss_temperature`` = ``sampling`` (the
+    sampling temperature: the log-probs of the distribution the rollouts were drawn from) or a number (1.0 =
+    the raw logits, as the authors' single-GPU trainer on TRL 0.14 did for samples drawn at T = 0.9)."""
+    t = cfg["algorithm"].get("loss_temperature", "sampling")
+    return float(cfg["sampling"]["temperature"] if t == "sampling" else t) or 1.0
+
+
 @dataclass
 class TrainBatch:
     """B sequences laid out as [left-padded prompt | right-padded completion]; completions start at column P."""

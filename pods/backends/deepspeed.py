@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from pods.backends.base import Backend, TokenStats, TrainBatch
+from pods.backends.base import Backend, TokenStats, TrainBatch, loss_temperature
 from pods.backends.local import LocalBackend
 from pods.models import load_policy
 
@@ -105,7 +105,7 @@ class DeepSpeedBackend(Backend):
 
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
         self.micro_batch_size = int(hw["micro_batch_size"])
-        self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.temperature = loss_temperature(cfg)
         self.chunk_tokens = hw.get("logprob_chunk_tokens")
         self.config = ds_config(cfg)
         self.stage = self.config["zero_optimization"]["stage"]

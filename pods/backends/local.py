@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import torch
 
-from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, token_stats
+from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, loss_temperature, token_stats
 from pods.models import load_policy
 
 
@@ -40,7 +40,7 @@ class LocalBackend(Backend):
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
         self.device = torch.device(hw.get("device", "cpu"))
         self.micro_batch_size = int(hw["micro_batch_size"])
-        self.temperature = float(cfg["sampling"]["temperature"]) or 1.0
+        self.temperature = loss_temperature(cfg)
         self.chunk_tokens = hw.get("logprob_chunk_tokens")
         self.lora = hw["finetune"] == "lora"
         quant = cfg["model"].get("quantization")
