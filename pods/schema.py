@@ -121,6 +121,13 @@ class ToyDataset(Section):
     seed: int = 1234
 
 
+class ToyLongDataset(ToyDataset):
+    """toy_long: add min_terms..max_terms numbers step by step (pods.tasks.toy_long)."""
+
+    min_terms: Pos = 4
+    max_terms: Pos = 6
+
+
 class HfRollout(Section):
     name: str
     max_batch: Pos = 256  # sequences per generate call
@@ -142,6 +149,21 @@ class VllmRollout(Section):
     multiprocessing: bool = False  # true = vLLM's engine process, sync over RPC (one process only)
     enable_sleep_mode: bool = False  # GPU only: after each generation, weights to CPU RAM and KV cache freed
     extra_args: dict[str, Any] = {}  # any other vllm.LLM keyword argument
+
+
+class SparseHfRollout(Section):
+    """Compressed-KV rollouts with the live training module (Sparse-RL's sparse sampler)."""
+
+    name: str
+    max_batch: Pos = 256  # sequences per forward batch
+    method: str = "snapkv"  # pods.engines.kv_policies: sink_window | snapkv | rkv
+    budget: Pos = 640  # max KV tokens per sequence and layer
+    interval: Pos = 128  # decoding steps between compressions (a compression keeps budget - interval)
+    window: Pos = 8  # observation window (last queries; their keys always kept), snapkv / rkv
+    sink: Annotated[int, Field(ge=0)] = 4  # sink_window: first positions always kept
+    kernel: Pos = 7  # max-pool width over attention scores
+    mix_alpha: Annotated[float, Field(ge=0, le=1)] = 0.1  # rkv: alpha * attention - (1 - alpha) * redundancy
+    sim_threshold: Annotated[float, Field(ge=-1, le=1)] = 0.5  # rkv: cosine similarity above which keys are duplicates
 
 
 class Lora(Section):
@@ -183,8 +205,19 @@ class Hardware(Section):
     gradient_checkpointing: bool = False
     torch_threads: Pos | None = None
     optimizer: str | None = None  # the profile's optimizer, for experiments to read as optim.name
-    deepspeed: DeepSpeed | None = None
+    deepspeed: DeepSpeed = DeepSpeed()  # read by backend=deepspeed only
     slurm: Slurm | None = None
+
+
+class SparseRl(Section):
+    """Sparse-RL's correction (pods.sparse_rl; the authors' released values)."""
+
+    veto: PosF = 1.0e-4  # a sequence with any UNCLAMPED ratio pi_old / pi_sparse below this is dropped
+    band_low: NonNegF = 0.5  # tokens whose ratio is outside [band_low, band_high] are masked
+    band_high: PosF = 1.5
+    cap: PosF = 1.5  # weights min(r, cap)
+    log_ratio_clamp: PosF = 20.0
+    weight_norm: Literal["valid", "all", "none"] = "valid"  # the weights average 1 over: the kept tokens | all | no normalisation
 
 
 class Algorithm(Section):
@@ -208,6 +241,7 @@ class Algorithm(Section):
     token_keep: Frac | None = None  # D3S: fraction of tokens kept at progress 0
     token_keep_final: Frac | None = None
     ramp: str = "linear"  # pods.schedules.RAMPS: value = (1 - r(p)) init + r(p) final
+    sparse_rl: SparseRl = SparseRl()  # read by correction=sparse_rl only
 
 
 class NoLogger(Section):
@@ -242,9 +276,9 @@ class Root(Section):
 # group -> {option name: model}; "*" is every other name (a test's engine registered under its own name: all shapes tried)
 SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
     "model": {"*": Model},
-    "dataset": {"toy_arith": ToyDataset, "*": HubDataset},
-    "rollout": {"hf": HfRollout, "vllm": VllmRollout, "*": (HfRollout, VllmRollout)},
-    "logger": {"none": NoLogger, "wandb": Wandb, "*": NoLogger},
+    "dataset": {"toy_arith": ToyDataset, "toy_long": ToyLongDataset, "*": (HubDataset, ToyDataset, ToyLongDataset)},
+    "rollout": {"hf": HfRollout, "vllm": VllmRollout, "sparse_hf": SparseHfRollout, "*": (HfRollout, VllmRollout, SparseHfRollout)},
+    "logger": {"none": NoLogger, "wandb": Wandb, "*": (NoLogger, Wandb)},
 }
 
 
@@ -293,11 +327,10 @@ def nodes() -> dict[str, dict]:
     """The schema's defaults as Hydra config nodes: ``_schema`` (the top-level sections) and one ``<group>/_<shape>``
     per shape of a group, which the group's YAML files name first in their ``defaults`` list."""
     out = {"_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}}
-    shapes = {"model": Model, "dataset/_hub": HubDataset, "dataset/_toy": ToyDataset, "rollout/_hf": HfRollout, "rollout/_vllm": VllmRollout,
+    shapes = {"model": Model, "dataset/_hub": HubDataset, "dataset/_toy": ToyDataset, "dataset/_toy_long": ToyLongDataset, "rollout/_hf": HfRollout, "rollout/_vllm": VllmRollout, "rollout/_sparse_hf": SparseHfRollout,
               "hardware": Hardware, "algorithm": Algorithm, "logger/_none": NoLogger, "logger/_wandb": Wandb}
     for where, model in shapes.items():
         out[where if "/" in where else f"{where}/_base"] = defaults(model)
-    out["hardware/_deepspeed"] = {**defaults(Hardware), "deepspeed": defaults(DeepSpeed)}
     return out
 
 
