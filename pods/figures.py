@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pods import runstore
 from pods.plot import CURVE_FIELDS, eval_rows, mean_curves, plot_mean_curves, time_to_reach, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,44 +148,70 @@ def sweep_jobs(exp: str, sweep: str, overrides: list[str] = ()) -> tuple[list[li
     return jobs, task
 
 
+def resolved(exp: str, overrides: list[str]) -> dict:
+    """The resolved run config of ``experiment=exp`` with ``overrides`` (what pods.train would run)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", [f"experiment={exp}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
 def reproduce(name: str, launcher: str, runs: Path, seeds: str | None, extra: list[str]) -> list[subprocess.Popen]:
-    """Launch the figure's runs; with SLURM, returns the submitting processes (each waits for its job array)."""
-    fig = FIGURES[name]
+    """Launch the figure's runs that no figure has launched yet (pods.runstore: one directory per resolved config
+    under ``runs/../by-config``); list all of them in ``runs/runs.json``. With SLURM, returns the submitting
+    processes (each waits for its job)."""
+    fig, store = FIGURES[name], runs.parent / "by-config"
     seed_arg = [f"seed={seeds}"] if seeds else []
     procs = []
     for exp in fig.experiments:
-        out = runs / exp
-        if fig.gpus == 1:
-            cmd = [sys.executable, "-m", "pods.train", "-m", f"experiment={exp}", f"+sweep={fig.sweep}", f"hydra.sweep.dir={out}", *seed_arg, *extra]
-            cmd += ["hydra/launcher=slurm" + ("_cpu" if name == "cpu" else "")] if launcher == "slurm" else []
-            print("[figures]", " ".join(cmd), flush=True)
-            if launcher == "slurm":  # each array is waited for by its own process: submit them all at once
-                procs.append(subprocess.Popen(cmd, cwd=ROOT))
-            else:
-                subprocess.run(cmd, cwd=ROOT, check=True)
-            continue
         jobs, cfg = sweep_jobs(exp, fig.sweep, seed_arg)
-        for job in jobs:  # 8 GPUs: one job (or torchrun) per seed
+        for job in jobs:
             args = [f"experiment={exp}", *job, *extra]
-            run_dir = out / ",".join(job)
-            if launcher == "slurm":
-                cmd = ["sbatch", "--parsable", f"--job-name=pods-{exp}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *args]
-                print("[figures]", f"PODS_RUN_DIR={run_dir}", " ".join(cmd), flush=True)
-                subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(run_dir)})
-            else:
-                nproc = cfg["hardware"].get("nproc_per_node", 1)
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pods.train", *args,
-                       f"hydra.run.dir={run_dir}", "train.resume=auto"]
-                print("[figures]", " ".join(cmd), flush=True)
-                subprocess.run(cmd, cwd=ROOT, check=True)
+            run_dir = store / runstore.run_key(resolved(exp, [*job, *extra]))
+            runstore.record(runs, [exp, *job], run_dir)
+            if runstore.reusable(run_dir):
+                print(f"[figures] reusing {run_dir} ({runstore.status(run_dir)['status']}): {' '.join(args)}", flush=True)
+                continue
+            procs += _launch(name, fig, cfg, launcher, args, run_dir)
     return procs
 
 
+def _launch(name: str, fig: Figure, cfg: dict, launcher: str, args: list[str], run_dir: Path) -> list[subprocess.Popen]:
+    """Run one job into ``run_dir``: locally (waits) or on SLURM (1 GPU: a Hydra submitit job; 8 GPUs: sbatch)."""
+    if fig.gpus == 1 and launcher == "slurm":
+        cmd = [sys.executable, "-m", "pods.train", "-m", *args, f"hydra.sweep.dir={run_dir.parent}", f"hydra.sweep.subdir={run_dir.name}",
+               "train.resume=auto", "hydra/launcher=slurm" + ("_cpu" if name == "cpu" else "")]
+    elif fig.gpus == 1:
+        cmd = [sys.executable, "-m", "pods.train", *args, f"hydra.run.dir={run_dir}", "train.resume=auto"]
+    elif launcher == "slurm":
+        cmd = ["sbatch", "--parsable", f"--job-name=pods-{args[0].split('=', 1)[1]}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *args]
+    else:
+        nproc = cfg["hardware"].get("nproc_per_node", 1)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pods.train", *args,
+               f"hydra.run.dir={run_dir}", "train.resume=auto"]
+    print("[figures]", f"PODS_RUN_DIR={run_dir}" if cmd[0] == "sbatch" else "", " ".join(cmd), flush=True)
+    runstore.mark(run_dir, "launched", launcher, cmd)
+    if launcher == "slurm" and fig.gpus == 1:  # waited for by its own process: submit them all at once
+        return [subprocess.Popen(cmd, cwd=ROOT)]
+    if launcher == "slurm":
+        subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(run_dir)})
+        return []
+    ok = subprocess.run(cmd, cwd=ROOT).returncode == 0
+    runstore.mark(run_dir, "finished" if ok else "failed", launcher, cmd)
+    if not ok:
+        raise SystemExit(f"[figures] run failed: {run_dir}; re-running the same command continues it (train.resume=auto)")
+    return []
+
+
 def collect(root: Path, label: Callable[[dict], str]) -> dict[str, list[Path]]:
-    """Finished or running runs under ``root`` (any depth), grouped by their label."""
+    """Finished or running runs, grouped by their label: those ``root/runs.json`` lists (shared runs), else
+    every run under ``root`` (any depth)."""
     runs: dict[str, list[Path]] = {}
-    for cfg_path in sorted(root.rglob("config.json")):
-        if (cfg_path.parent / "metrics.jsonl").exists():
+    listed = [d / "config.json" for d in runstore.listed(root)]
+    for cfg_path in listed if listed else sorted(root.rglob("config.json")):
+        if cfg_path.exists() and (cfg_path.parent / "metrics.jsonl").exists():
             runs.setdefault(label(json.loads(cfg_path.read_text())["algorithm"]), []).append(cfg_path.parent)
     return runs
 

@@ -46,3 +46,66 @@ def test_evaluation_logs_both_accuracy(tiny_dir):
     both = sum(s.correct and s.formatted for s in scores) / len(scores)
     assert res["both_accuracy"] == pytest.approx(both)
     assert res["both_accuracy"] < res["format_accuracy"] or res["both_accuracy"] < res["accuracy"]  # not a copy of either
+
+
+TINY = ["model=tiny", "model.quantization=null", "hardware=cpu", "rollout=hf", "dataset=toy_arith", "optim.name=adamw", "train.max_steps=1",
+        "train.time_budget_s=null", "train.checkpoint_every_s=null", "eval.max_examples=4", "eval.repeats=1", "eval.every_s=null",
+        "sampling.max_tokens=8", "eval.max_tokens=8", "logger=none"]  # any paper experiment as a seconds-long CPU run
+
+
+def test_run_key_ignores_bookkeeping_only():
+    from pods.figures import resolved
+    from pods.runstore import run_key
+
+    base = resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=1"])
+    same = resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=1", "train.resume=auto", "logger=wandb"])
+    assert run_key(base) == run_key(same)
+    assert run_key(base) != run_key(resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=2"]))
+    assert run_key(base) != run_key(resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=1", "algorithm.n=128"]))
+
+
+def test_figures_share_runs_by_config(tmp_path, monkeypatch):
+    """Planning only (the launch itself is replaced by marking the run finished; the slow test below launches for
+    real): Fig. 3's GSM8K panel, then Figs. 4-n, 4-m and 5 launch each distinct config once; 4-n, 4-m and 5 list
+    Fig. 3's PODS 64->16 seed-1 run as theirs."""
+    from pods import figures, runstore
+
+    launched = []
+
+    def fake_launch(name, fig, cfg, launcher, args, run_dir):
+        launched.append(run_dir)
+        runstore.mark(run_dir, "finished", launcher, args)
+        return []
+
+    monkeypatch.setattr(figures, "_launch", fake_launch)
+    for name in ["3-gsm8k-qwen3b-l40s", "4-n", "4-m", "5"]:
+        figures.reproduce(name, "local", tmp_path / name, "1", [])
+    assert len(launched) == len(set(launched)) == 2 + 4 + 3 + 2  # 64->16 max-variance once, for all four figures
+    pods_run = runstore.listed(tmp_path / "3-gsm8k-qwen3b-l40s")
+    for name in ["4-n", "4-m", "5"]:
+        assert set(pods_run) & set(runstore.listed(tmp_path / name)), name
+
+
+@pytest.mark.slow
+def test_reproduce_figure_4n_after_figure_3_starts_no_run_twice(tiny_dir, tmp_path):
+    """`pods.figures reproduce 3-gsm8k-qwen3b-l40s` then `4-n` with the local launcher (tiny model, one step,
+    seed 1): 2 + 4 runs start, the PODS 64->16 run of Fig. 3 is reused by 4-n, and 4-n's plot reads it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from pods import runstore
+
+    def run(name):
+        cmd = [sys.executable, "-m", "pods.figures", "reproduce", name, *TINY, "--launcher", "local", "--seeds", "1", "--runs", str(tmp_path / name)]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+
+    out3, out4 = run("3-gsm8k-qwen3b-l40s"), run("4-n")
+    started = [line for line in (out3 + out4).splitlines() if "-m pods.train" in line]
+    assert len(started) == 6 and out4.count("[figures] reusing") == 1, out4
+    store = sorted((tmp_path / "by-config").iterdir())
+    assert len(store) == 6 and all(runstore.status(d)["status"] == "finished" for d in store)
+    assert set(runstore.listed(tmp_path / "3-gsm8k-qwen3b-l40s")) & set(runstore.listed(tmp_path / "4-n"))
+    again = run("4-n")
+    assert again.count("[figures] reusing") == 5 and again.count("-m pods.train") == 0  # all finished: nothing starts
