@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_deepspeed_on_cpu import fixed_batch, torchrun, weights_of
 
 ARGS = ["algorithm=grpo", "algorithm.correction=sparse_rl", "optim.eps=1.0", "optim.max_grad_norm=1.0"]

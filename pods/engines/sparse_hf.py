@@ -29,7 +29,7 @@ def check(cfg: dict) -> dict:
     c = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
     KV_POLICIES.get(c["method"])
     floor = c["sink"] if c["method"] == "sink_window" else c["window"]
-    if not 1 <= c["interval"] or c["budget"] - c["interval"] <= floor:
+    if not c["interval"] >= 1 or c["budget"] - c["interval"] <= floor:
         raise ValueError(f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c['budget']} - {c['interval']}")
     return c
 
