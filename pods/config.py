@@ -25,7 +25,8 @@ def _name(registry: Registry, value, key: str) -> None:
         raise ConfigError(f"{key}: unknown {registry.kind} '{value}'; valid: {', '.join(registry.names())}")
 
 
-def validate(cfg: dict) -> None:
+def validate(cfg: dict) -> dict:
+    """The config typed and completed by the schema (``pods.schema.check``), then checked across fields; returns it."""
     from pods.advantages import ADVANTAGES
     from pods.backends import BACKENDS, OPTIMIZERS
     from pods.downsample import RULES
@@ -34,8 +35,10 @@ def validate(cfg: dict) -> None:
     from pods.models import check_model_available
     from pods.schedules import SCHEDULES
     from pods.tokens import CORRECTIONS, TOKEN_SELECTORS
+    from pods.schema import check
     from pods.tasks import DATASETS, GRADERS, RECIPES
 
+    cfg = check(cfg)  # every key present and typed: the rules below read them without defaults
     a, t, hw = cfg["algorithm"], cfg["train"], cfg["hardware"]
     n, m = a["n"], a["m"]
     _need(isinstance(n, int) and n >= 1, f"algorithm.n must be an integer >= 1, got {n!r}")
@@ -85,6 +88,7 @@ def validate(cfg: dict) -> None:
     _context(cfg["rollout"])
     _launcher(hw, cfg["rollout"])
     check_model_available(cfg["model"])
+    return cfg
 
 
 def _d3s(a: dict, rules: Registry, selectors: Registry) -> None:

@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import torch
 
+from pods.log import get
+
 # How a logged per-rank value becomes the step's value: sums of counts, the slowest rank's timings
 # (the step waits for it), means for everything else (every rank holds the same number of groups and
 # rollouts, so a mean of per-rank means is the global mean).
@@ -101,7 +103,7 @@ class Dist:
         total = len(lists[0])
         keep = total - total % self.world if lockstep else total
         if keep < total and self.is_main:
-            print(f"[pods] evaluating {keep} of {total} test prompts: equal shards over {self.world} ranks (lockstep ZeRO-3 generation)", flush=True)
+            get(__name__).info(f"evaluating {keep} of {total} test prompts: equal shards over {self.world} ranks (lockstep ZeRO-3 generation)")
         return tuple(items[:keep][self.rank :: self.world] for items in lists)
 
     def broadcast(self, obj):

@@ -140,10 +140,12 @@ def sweep_jobs(exp: str, sweep: str, overrides: list[str] = ()) -> tuple[list[li
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    from pods.train import CONF, expand
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", [f"experiment={exp}", f"+sweep={sweep}"], return_hydra_config=True)
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(overrides)
-    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]
+    jobs = expand(params)
     task = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     return jobs, task
 

@@ -28,6 +28,7 @@ from pods import checkpoint, distributed, tokens
 from pods.advantages import ADVANTAGES
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
+from pods.log import setup
 from pods.data import PromptSampler
 from pods.d3s import sample_count
 from pods.downsample import kept_rows
@@ -103,9 +104,10 @@ def _due(last: float, now: float, every: float | None) -> bool:
 
 def train(cfg: dict, run_dir: str | Path) -> dict:
     """Run one experiment; returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
-    validate(cfg)  # (0) before any model or dataset is loaded
+    cfg = validate(cfg)  # (0) typed and complete (the schema's defaults), checked, before any model or dataset is loaded
     hw, t, ev, ds, a = cfg["hardware"], cfg["train"], cfg["eval"], cfg["dataset"], cfg["algorithm"]
     dist = distributed.init(hw)  # this process's rank (one process: rank 0 of 1, every collective a no-op)
+    log = setup(dist.rank)  # rank 0 logs (under Hydra into <run_dir>/train.log); the other ranks only warn
     run_dir = Path(dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
     run_dir.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
@@ -131,7 +133,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
             state, extra = checkpoint.load(path, backend, sampler, dist)
             gen.set_state(extra["select"])
             if dist.is_main:
-                print(f"[pods] resumed from {path} at step {state['step']}", flush=True)
+                log.info(f"resumed from {path} at step {state['step']}")
     if engine.needs_sync:  # the engine serves the trainer's policy from the first eval on (a 4-bit base: its NF4 values), or the resumed one
         engine.load_weights(backend.export_weights())
     logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main, resume_step=state["step"] if resume else None)

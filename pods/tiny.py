@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from pods.log import setup
 from pods.tasks.toy import ANSWER
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -154,7 +155,8 @@ def ensure_tiny(spec: dict | None = None, cache_dir: str | Path | None = None) -
     out = Path(cache_dir or default_cache_dir()) / f"tiny-{spec_hash(spec)}"
     if not (out / "pods_tiny.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        print(f"[pods] building the tiny model into {out} (once; cached afterwards)", flush=True)
+        log = setup()
+        log.info(f"building the tiny model into {out} (once; cached afterwards)")
         info = build_tiny(spec, out)
-        print(f"[pods] tiny model: {info['params']:,} params, built in {info['build_seconds']} s", flush=True)
+        log.info(f"tiny model: {info['params']:,} params, built in {info['build_seconds']} s")
     return out

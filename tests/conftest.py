@@ -15,6 +15,10 @@ import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+
+from pods.schema import register  # noqa: E402
+
+register()  # the `_schema` and `<group>/_<shape>` nodes the YAML files build on
 SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
 
 
@@ -52,3 +56,15 @@ def shared_dir() -> Path:
     if not SHARED.exists():
         pytest.skip(f"shared data directory {SHARED} not found (set PODS_SHARED)")
     return SHARED
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests need CUDA: skipped, saying so, without it (``make gpu-check`` on a GPU machine)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (make gpu-check)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

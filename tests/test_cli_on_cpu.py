@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,9 @@ def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "config.json").exists() and (tmp_path / ".hydra" / "overrides.yaml").exists()
     assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2
+    log = (tmp_path / "train.log").read_text()  # the run's log (pods.log via Hydra), with times and levels
+    assert f"run directory: {tmp_path}" in log and "[pods]" in log and f"[pods] run directory: {tmp_path}" in p.stdout
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["keep_checkpoints"] is None  # the schema's default, written out
 
 
 def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):

@@ -138,8 +138,11 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 def test_every_experiment_runs_two_tiny_steps(exp, tiny_dir, tmp_path):
     """Each experiment's algorithm settings run for real on the tiny model (model/data/hardware swapped to CPU)."""
     cfg = compose([f"experiment={exp}"])
-    tiny = shrink(compose([f"experiment={exp}", "model=tiny", "dataset=toy_arith", "hardware=cpu", "rollout=hf", "logger=none", "model.quantization=null", "optim.name=adamw"]), steps=2)
-    tiny["train"]["prompts_per_step"] = 1
+    tiny = shrink(compose([f"experiment={exp}"]), steps=2)
+    cpu = compose([])  # the experiment's model, data, hardware, engine and logger swapped for the CPU defaults' sections
+    tiny.update({k: cpu[k] for k in ("model", "dataset", "hardware", "rollout", "logger")})
+    tiny["optim"]["name"] = "adamw"
+    tiny["train"].update(prompts_per_step=1, group_repeats=1)  # one prompt group per step (the 8-GPU files repeat a prompt 16 times)
     assert tiny["algorithm"] == cfg["algorithm"]
     train(tiny, tmp_path)
     assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2

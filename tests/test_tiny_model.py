@@ -40,7 +40,9 @@ def test_warm_start_accuracy_is_well_inside_0_and_1(tiny_dir):
     engine = ENGINES.get("hf")(str(tiny_dir), tok, {"max_batch": 256}, policy=model)
     data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
     ids, kept, _ = encode_prompts(data.test[:100], tok, 128)
-    ev = {"temperature": 1.0, "max_tokens": 12, "repeats": 2}
+    from pods.schema import Eval
+
+    ev = {**Eval().model_dump(), "temperature": 1.0, "max_tokens": 12, "repeats": 2}
     res = evaluate(engine, ids, [e.gold for e in kept], ev, {"recipe": "toy", "grader": "toy"}, seed=0)
     assert 0.05 < res["accuracy"] < 0.85, res  # label-smoothed warm start: sampled answers often carry a stray token
     assert res["format_accuracy"] > 0.05
