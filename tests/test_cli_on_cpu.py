@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 from pods.metrics import read_metrics
 
@@ -28,6 +30,7 @@ def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["train"]["keep_checkpoints"] is None  # the schema's default, written out
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):
     p = run(["-m", "pods.train", "-m", "algorithm.n=8", "algorithm.m=4", "algorithm.rule=max_variance,random", *SHORT, f"hydra.sweep.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -37,6 +40,7 @@ def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):
     assert rules == {"max_variance", "random"}
 
 
+@pytest.mark.slow
 def test_wandb_offline_logger_writes_a_run(tiny_dir, tmp_path):
     p = run(["-m", "pods.train", "logger=wandb", "logger.mode=offline", "algorithm.n=4", "algorithm.m=2", *SHORT, f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
@@ -44,6 +48,7 @@ def test_wandb_offline_logger_writes_a_run(tiny_dir, tmp_path):
     assert offline and list(offline[0].glob("*.wandb"))
 
 
+@pytest.mark.slow
 def test_demo_writes_figure_and_csv_from_its_runs(tiny_dir, tmp_path):
     p = run(["-m", "pods.demo", "--out", str(tmp_path), "train.time_budget_s=3", "eval.every_s=1", "eval.max_examples=8", "eval.repeats=1"])
     assert p.returncode == 0, p.stderr[-3000:]

@@ -17,6 +17,9 @@ import torch
 
 from test_deepspeed_on_cpu import fixed_batch, torchrun, weights_of
 
+pytestmark = pytest.mark.slow
+
+
 ARGS = ["algorithm=d3s", "optim.eps=1.0", "optim.max_grad_norm=1.0", "sampling.temperature=0.9"]
 PROGRESS, LR = 0.5, 0.5  # K(0.5) = 0.4 of the step's tokens
 

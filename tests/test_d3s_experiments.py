@@ -63,6 +63,7 @@ def test_d3s_cpu_sweep_runs_the_four_arms_with_their_own_n_and_m():
                    "d3s": (16, 4, "d3s_intra", "group", "d3s_top_k"), "d3s_cross": (16, 4, "d3s_cross", "group", "d3s_top_k")}
 
 
+@pytest.mark.slow
 def test_pods_plus_d3s_tokens_cpu_experiment_runs(tiny_dir, tmp_path):
     """The composition arm as committed (shrunk to 2 steps, n = 16 -> 4): PODS keeps 4 of each group by reward
     variance, D3S drops tokens by |A| x entropy."""

@@ -192,6 +192,7 @@ def cli_runs(tiny_dir, tmp_path_factory):
     return base, straight, resumed
 
 
+@pytest.mark.slow
 def test_two_zero3_ranks_train_grpo_pods_from_the_cli(cli_runs, tiny_dir):
     from safetensors.torch import load_file
 
@@ -217,6 +218,7 @@ def test_two_zero3_ranks_train_grpo_pods_from_the_cli(cli_runs, tiny_dir):
     assert set(after) == set(before) and max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
 
 
+@pytest.mark.slow
 def test_resume_from_sharded_checkpoint_reproduces_the_uninterrupted_run(cli_runs):
     from safetensors.torch import load_file
 
@@ -239,6 +241,7 @@ def worker_run(tiny_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_two_zero3_ranks_train_grpo_ga_on_a_time_budget(worker_run, tiny_dir):
     from pods.metrics import read_metrics
 
@@ -261,6 +264,7 @@ def local_run(tiny_dir):
     return start, local.model.state_dict(), stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["zero3", "zero2", "zero3_ckpt"])
 def test_two_rank_update_equals_the_single_process_update(worker_run, local_run, variant):
     """Same 8 sequences: 2 ranks x 4 (micro-batches of 2, DeepSpeed) vs 1 process x 8 (micro-batches of 3)."""
@@ -275,6 +279,7 @@ def test_two_rank_update_equals_the_single_process_update(worker_run, local_run,
     assert moved > 0.05 and diff < 2e-6, f"{variant}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
 
 
+@pytest.mark.slow
 def test_bf16_zero3_update_follows_the_float32_update(worker_run, local_run):
     """bf16 forward/backward with fp32 master weights (the GPU profiles): the same step up to bf16 rounding."""
     ds = torch.load(worker_run / "equiv_zero3_bf16.pt", weights_only=False)
@@ -287,6 +292,7 @@ def test_bf16_zero3_update_follows_the_float32_update(worker_run, local_run):
     assert ds["stats"][0]["grad_norm"] == pytest.approx(stats[0]["grad_norm"], rel=0.05)
 
 
+@pytest.mark.slow
 def test_exported_zero3_weights_are_the_trained_model(worker_run, tiny_dir):
     """The tensors ZeRO-3 gathers layer by layer for the engine, loaded into a plain HF model, give the log-probs
     of the partitioned training module (same forward, fixed batch)."""
@@ -303,6 +309,7 @@ def test_exported_zero3_weights_are_the_trained_model(worker_run, tiny_dir):
     assert gap < TOL_LOGP, gap
 
 
+@pytest.mark.slow
 def test_exported_zero3_weights_pushed_into_vllm(worker_run):
     res = json.loads((worker_run / "worker.json").read_text())["vllm"]
     if res is None:

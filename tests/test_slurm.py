@@ -2,8 +2,8 @@
 a Hydra multirun through hydra-submitit-launcher, the 1-GPU sbatch script (CPU fallback, pre-emption warning ->
 checkpoint -> requeue -> resume), and the 8-GPU script's srun + torchrun line with 2 DeepSpeed ZeRO-3 CPU ranks.
 
-The cluster needs root and apt-get the first time (tests/slurm_cluster.py installs the packages); the tests
-skip, saying so, only where Debian packages cannot be installed.
+Marked ``slurm`` (``make test-all``, ``.ci/run``). The cluster needs slurm-wlm + munge: with PODS_INSTALL_SLURM=1 (as
+``.ci/run`` sets) and root, tests/slurm_cluster.py apt-gets them; otherwise the tests skip, saying so.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import yaml
 from conftest import ROOT
 from pods.metrics import read_metrics
 from slurm_cluster import LocalCluster, install_reason
+
+pytestmark = pytest.mark.slurm
+
 
 EVAL = ["eval.max_examples=8", "eval.repeats=1", "eval.every_s=null"]
 SHORT = ["train.time_budget_s=null", *EVAL]

@@ -21,6 +21,9 @@ from conftest import compose, shrink
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+pytestmark = pytest.mark.slow
+
+
 TOL = 1e-4
 ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
 
