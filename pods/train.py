@@ -22,7 +22,7 @@ from pods.schema import register
 
 register()  # the schema's defaults as the config nodes conf/ builds on (`_schema`, `<group>/_<shape>`)
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parent / "conf"  # shipped with the package; the repository's conf/ links here
 MAX_CHECKED_JOBS = 512  # a larger sweep is checked job by job as it runs
 
 
