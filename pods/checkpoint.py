@@ -33,7 +33,7 @@ END_CHOICES = ("full", "weights", "false")
 
 def end_mode(t: dict) -> str:
     """``train.checkpoint_at_end`` as one of ``END_CHOICES`` (YAML true/false mean full/false)."""
-    v = t.get("checkpoint_at_end", "full")
+    v = t["checkpoint_at_end"]
     if v is True:
         return "full"
     return "false" if v in (False, None) else str(v)

@@ -45,32 +45,32 @@ def validate(cfg: dict) -> dict:
     _need(isinstance(m, int) and m >= 1, f"algorithm.m must be an integer >= 1, got {m!r}")
     _need(m <= n, f"algorithm.m ({m}) must be <= algorithm.n ({n}): m rollouts are kept out of n")
     _name(RULES, a["rule"], "algorithm.rule")
-    if a.get("grad_accum"):
+    if a["grad_accum"]:
         _need(a["rule"] == "all", f"algorithm.grad_accum trains all n rollouts: algorithm.rule must be 'all', got '{a['rule']}'")
         _need(n % m == 0, f"algorithm.grad_accum: algorithm.n ({n}) must be divisible by algorithm.m ({m}), the micro-batch")
     elif a["rule"] == "all":
         _need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
     _name(ADVANTAGES, a["advantage"], "algorithm.advantage")
-    lt = a.get("loss_temperature", "sampling")
+    lt = a["loss_temperature"]
     _need(lt == "sampling" or (isinstance(lt, (int, float)) and not isinstance(lt, bool) and lt > 0), f"algorithm.loss_temperature must be 'sampling' or a number > 0, got {lt!r}")
     _name(POLICY_LOSSES, a["policy_loss"], "algorithm.policy_loss")
     _name(AGGREGATIONS, a["loss_agg"], "algorithm.loss_agg")
-    _name(TOKEN_SELECTORS, a.get("token_rule") or "all", "algorithm.token_rule")
-    _name(CORRECTIONS, a.get("correction") or "none", "algorithm.correction")
+    _name(TOKEN_SELECTORS, a["token_rule"], "algorithm.token_rule")
+    _name(CORRECTIONS, a["correction"], "algorithm.correction")
     _d3s(a, RULES, TOKEN_SELECTORS)
     _need(a["epsilon"] > 0, f"algorithm.epsilon must be > 0, got {a['epsilon']}")
-    _need(float(a.get("beta") or 0) >= 0, "algorithm.beta must be >= 0")
-    _need(int(a.get("ppo_epochs", 1)) >= 1, "algorithm.ppo_epochs must be >= 1")
+    _need(float(a["beta"]) >= 0, "algorithm.beta must be >= 0")
+    _need(int(a["ppo_epochs"]) >= 1, "algorithm.ppo_epochs must be >= 1")
     _name(ENGINES, cfg["rollout"]["name"], "rollout.name")
     _sparse_rl(cfg)
     _name(BACKENDS, hw["backend"], "hardware.backend")
     _need(hw["finetune"] in ("lora", "full"), f"hardware.finetune must be 'lora' or 'full', got '{hw['finetune']}'")
     _need(int(hw["micro_batch_size"]) >= 1, "hardware.micro_batch_size must be >= 1")
-    quant = cfg["model"].get("quantization")
+    quant = cfg["model"]["quantization"]
     _need(quant in (None, "4bit"), f"model.quantization must be null or '4bit', got '{quant}'")
     if quant:
         _need(hw["finetune"] == "lora", "model.quantization=4bit trains a LoRA adapter on a frozen 4-bit base: set hardware.finetune=lora")
-        _need(str(hw.get("device", "cpu")).startswith("cuda"), "model.quantization=4bit needs bitsandbytes on a CUDA device (hardware.device=cuda); use model.quantization=null on CPU")
+        _need(str(hw["device"]).startswith("cuda"), "model.quantization=4bit needs bitsandbytes on a CUDA device (hardware.device=cuda); use model.quantization=null on CPU")
     _name(OPTIMIZERS, cfg["optim"]["name"], "optim.name")
     _name(SCHEDULES, cfg["optim"]["schedule"], "optim.schedule")
     _need(cfg["optim"]["lr"] > 0, "optim.lr must be > 0")
@@ -79,11 +79,11 @@ def validate(cfg: dict) -> dict:
     _name(RECIPES, ds["recipe"], "dataset.recipe")
     _name(GRADERS, ds["grader"], "dataset.grader")
     _need(t["prompts_per_step"] >= 1, "train.prompts_per_step must be >= 1")
-    _need(t["prompts_per_step"] % t.get("group_repeats", 1) == 0, "train.group_repeats must divide train.prompts_per_step")
-    _need(t.get("max_steps") or t.get("time_budget_s"), "set train.max_steps or train.time_budget_s (or both)")
+    _need(t["prompts_per_step"] % t["group_repeats"] == 0, "train.group_repeats must divide train.prompts_per_step")
+    _need(t["max_steps"] or t["time_budget_s"], "set train.max_steps or train.time_budget_s (or both)")
     _need(cfg["sampling"]["temperature"] > 0, "sampling.temperature must be > 0 for RL rollouts")
     _need(cfg["sampling"]["max_tokens"] >= 1, "sampling.max_tokens must be >= 1")
-    _need(t.get("old_logprobs", "policy") in ("policy", "sampler"), "train.old_logprobs must be 'policy' or 'sampler'")
+    _need(t["old_logprobs"] in ("policy", "sampler"), "train.old_logprobs must be 'policy' or 'sampler'")
     _checkpoints(t)
     _context(cfg["rollout"])
     _launcher(hw, cfg["rollout"])
@@ -95,17 +95,17 @@ def _d3s(a: dict, rules: Registry, selectors: Registry) -> None:
     """D3S keys (pods.d3s): advantage scope, the (N, K) schedule, the token fraction."""
     from pods.schedules import RAMPS
 
-    scope = a.get("advantage_scope") or "kept"
+    scope = a["advantage_scope"]
     _need(scope in ("kept", "group"), f"algorithm.advantage_scope must be 'kept' or 'group', got '{scope}'")
     cross = getattr(rules.get(a["rule"]), "cross_group", False)
     _need(not cross or scope == "group", f"algorithm.rule '{a['rule']}' selects on full-group advantages: set algorithm.advantage_scope=group")
-    _name(RAMPS, a.get("ramp") or "linear", "algorithm.ramp")
-    m_final = a.get("m_final")
+    _name(RAMPS, a["ramp"], "algorithm.ramp")
+    m_final = a["m_final"]
     if m_final is not None:
         _need(isinstance(m_final, int) and 1 <= m_final <= a["n"], f"algorithm.m_final must be an integer in [1, n={a['n']}] (or null), got {m_final!r}")
-        _need(not a.get("grad_accum"), "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
+        _need(not a["grad_accum"], "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
         _need(a["rule"] != "all", "algorithm.m_final needs a down-sampling rule; rule 'all' keeps every rollout")
-    for key in getattr(selectors.get(a.get("token_rule") or "all"), "fraction_keys", ()):  # d3s_top_k: token_keep(_final)
+    for key in getattr(selectors.get(a["token_rule"]), "fraction_keys", ()):  # d3s_top_k: token_keep(_final)
         v, optional = a.get(key), key.endswith("_final")
         ok = (v is None and optional) or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1)
         _need(ok, f"algorithm.{key} must be a fraction in (0, 1]{' or null' if optional else ''}, got {v!r}")
@@ -115,9 +115,9 @@ def _checkpoints(t: dict) -> None:
     from pods.checkpoint import END_CHOICES, end_mode
 
     _need(end_mode(t) in END_CHOICES, f"train.checkpoint_at_end must be one of {', '.join(END_CHOICES)}, got {t.get('checkpoint_at_end')!r}")
-    keep = t.get("keep_checkpoints")
+    keep = t["keep_checkpoints"]
     _need(keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1), f"train.keep_checkpoints must be null or an integer >= 1, got {keep!r}")
-    every = t.get("checkpoint_every_s")
+    every = t["checkpoint_every_s"]
     _need(every is None or every > 0, f"train.checkpoint_every_s must be null or > 0, got {every!r}")
 
 
@@ -134,11 +134,11 @@ def _context(r: dict) -> None:
 def _launcher(hw: dict, rollout: dict) -> None:
     """A multi-GPU profile started as one process (``python -m pods.train``, a Hydra multirun through the submitit
     launcher) would train on 1 of its GPUs without a word: refuse it. torchrun sets WORLD_SIZE."""
-    nproc, world = int(hw.get("nproc_per_node") or 1), os.environ.get("WORLD_SIZE")
+    nproc, world = int(hw["nproc_per_node"]), os.environ.get("WORLD_SIZE")
     _need(nproc == 1 or world is not None, f"hardware.nproc_per_node={nproc} ({hw.get('name')}) needs one process per GPU, but this is a single process "
           f"without a launcher (WORLD_SIZE unset; a Hydra multirun starts one): submit each run with `sbatch slurm/run_8gpu.sbatch experiment=... seed=...` "
           f"or start it with `torchrun --nproc_per_node {nproc} -m pods.train ...`")
-    timeout = hw.get("dist_timeout_s")
+    timeout = hw["dist_timeout_s"]
     _need(timeout is None or float(timeout) > 0, f"hardware.dist_timeout_s must be null or > 0 seconds, got {timeout!r}")
     _need(not (rollout.get("multiprocessing") and int(world or 1) > 1), "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process")
 
@@ -152,7 +152,7 @@ def _sparse_rl(cfg: dict) -> None:
             check(cfg["rollout"])
         except ValueError as e:
             _need(False, str(e).replace("unknown KV compression method", "rollout.method: unknown KV compression method"))
-    if (cfg["algorithm"].get("correction") or "none") == "sparse_rl":
+    if (cfg["algorithm"]["correction"]) == "sparse_rl":
         from pods.sparse_rl import WEIGHT_NORMS, settings
 
         c = settings(cfg["algorithm"])

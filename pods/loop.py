@@ -44,9 +44,9 @@ from pods.tasks import DATASETS, encode_prompts, score_batch
 def progress_of(state: dict, t: dict) -> float:
     """Fraction of the run's horizon used: by optimizer steps and/or training seconds, whichever is further."""
     p = 0.0
-    if t.get("max_steps"):
+    if t["max_steps"]:
         p = max(p, state["step"] / t["max_steps"])
-    if t.get("time_budget_s"):
+    if t["time_budget_s"]:
         p = max(p, state["train_time"] / t["time_budget_s"])
     return min(p, 1.0)
 
@@ -56,15 +56,15 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     statistics over every rank's groups). ``progress`` is the training progress in [0, 1]."""
     a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
     n, G = a["n"], len(prompts)
-    keep = n if a.get("grad_accum") else sample_count(a, progress)  # m, or D3S's N(p) when algorithm.m_final is set
+    keep = n if a["grad_accum"] else sample_count(a, progress)  # m, or D3S's N(p) when algorithm.m_final is set
     s = cfg["sampling"]
     clock = time.perf_counter()
-    ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"], stop=tuple(s.get("stop") or ())))  # (2)
+    ro = engine.generate(prompts, n, Sampling(s["temperature"], s["top_p"], s["top_k"], s["max_tokens"], stop=tuple(s["stop"])))  # (2)
     t_gen = time.perf_counter()
-    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))  # (3)
+    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds["recipe"], ds["grader"], timeout_s=ds["grade_timeout_s"])  # (3)
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(G, n)
     t_score = time.perf_counter()
-    group_adv = ADVANTAGES.get(a["advantage"])(rewards) if a.get("advantage_scope") == "group" else None  # D3S: A on the full group
+    group_adv = ADVANTAGES.get(a["advantage"])(rewards) if a["advantage_scope"] == "group" else None  # D3S: A on the full group
     kept = kept_rows(a["rule"], rewards if group_adv is None else group_adv, keep, generator=gen)  # (4) [G * keep] flat row indices
     kept_rewards = rewards.flatten()[kept]
     all_rewards, all_kept = dist.all_gather(rewards), dist.all_gather(kept_rewards)  # for logging: every rank's groups
@@ -75,10 +75,10 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
         adv = group_adv.flatten()[kept].float()
     rows = kept.tolist()
     batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv, pad_id, groups=[r // n for r in rows])
-    if t.get("old_logprobs") == "sampler":
+    if t["old_logprobs"] == "sampler":
         batch.old_logprobs = batch.sampler_logprobs
     token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection: loss_mask / token_weights
-    micro = min(G * a["m"], backend.micro_batch_size) if a.get("grad_accum") else None
+    micro = min(G * a["m"], backend.micro_batch_size) if a["grad_accum"] else None
     stats = backend.update(batch, lr, micro_batch_size=micro)  # (6)
     t_update = time.perf_counter()
     if engine.needs_sync:
@@ -112,21 +112,21 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
         (run_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    if hw.get("torch_threads"):
+    if hw["torch_threads"]:
         torch.set_num_threads(int(hw["torch_threads"]))
     torch.manual_seed(cfg["seed"] + dist.rank)  # each rank samples its own rollouts
     task = DATASETS.get(ds["name"])(ds)  # data first: a missing file fails before the model loads
     model_dir = resolve_model_dir(cfg["model"])
     tok = load_tokenizer(model_dir)
-    train_ids, train_ex, dropped = encode_prompts(task.train, tok, ds.get("max_prompt_length"))
-    test_ids, test_ex, _ = encode_prompts(task.test[: ev.get("max_examples") or None], tok, ds.get("max_prompt_length"))
+    train_ids, train_ex, dropped = encode_prompts(task.train, tok, ds["max_prompt_length"])
+    test_ids, test_ex, _ = encode_prompts(task.test[: ev["max_examples"]], tok, ds["max_prompt_length"])
     backend = BACKENDS.get(hw["backend"])(model_dir, cfg)
     engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
-    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world, t.get("group_repeats", 1))  # prompts per rank
+    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world, t["group_repeats"])  # prompts per rank
     gen = torch.Generator().manual_seed(cfg["seed"] + dist.rank)  # the random down-sampling rule's stream
     state = {"step": 0, "train_time": 0.0, "last_eval": 0.0, "last_ckpt": 0.0, "evals": 0}
     ckpt_dir = run_dir / "checkpoints"
-    resume = t.get("resume")
+    resume = t["resume"]
     if resume:
         path = checkpoint.latest(ckpt_dir) if resume == "auto" else Path(resume)
         if path is not None:
@@ -145,7 +145,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     test_ids, test_golds = dist.shard(test_ids, [ex.gold for ex in test_ex], lockstep=lockstep)  # each rank scores its share
 
     def run_eval() -> dict:
-        scores = dist.reduce_eval(evaluate(engine, test_ids, test_golds, ev, ds, ev.get("seed", 0) + state["evals"]))
+        scores = dist.reduce_eval(evaluate(engine, test_ids, test_golds, ev, ds, ev["seed"] + state["evals"]))
         row = {"kind": "eval", "step": state["step"], "train_time": state["train_time"], **scores}
         state["evals"] += 1
         state["last_eval"] = state["train_time"]
@@ -153,22 +153,22 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         return row
 
     def save() -> None:
-        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist, keep=t.get("keep_checkpoints"))
+        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist, keep=t["keep_checkpoints"])
         state["last_ckpt"] = state["train_time"]
 
     def finished() -> bool:
-        return bool((t.get("max_steps") and state["step"] >= t["max_steps"]) or (t.get("time_budget_s") and state["train_time"] >= t["time_budget_s"]))
+        return bool((t["max_steps"] and state["step"] >= t["max_steps"]) or (t["time_budget_s"] and state["train_time"] >= t["time_budget_s"]))
 
     stop = StopFlag().install()  # (SLURM pre-emption) -> checkpoint at the next step boundary, then exit
-    last = run_eval() if ev.get("at_start", True) and state["step"] == 0 else {}
+    last = run_eval() if ev["at_start"] and state["step"] == 0 else {}
     from tqdm import tqdm
 
-    bar = tqdm(total=t.get("max_steps"), initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main)
+    bar = tqdm(total=t["max_steps"], initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main)
     while not finished() and not dist.any(stop.requested):  # a signal to one rank stops them all
         clock = time.perf_counter()
         idx = sampler.next()  # (1) this rank's prompts
         p = progress_of(state, t)
-        lr = lr0 * schedule(p, cfg["optim"].get("warmup_ratio", 0.0))
+        lr = lr0 * schedule(p, cfg["optim"]["warmup_ratio"])
         row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist, p)  # (2)-(7)
         row = dist.reduce_metrics(row)
         state["step"] += 1
@@ -176,9 +176,9 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         logger.log({"kind": "train", "step": state["step"], "train_time": state["train_time"], **row})  # (8)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{state['train_time']:.0f}s")
-        if _due(state["last_eval"], state["train_time"], ev.get("every_s")) or (ev.get("every_steps") and state["step"] % ev["every_steps"] == 0):
+        if _due(state["last_eval"], state["train_time"], ev["every_s"]) or (ev["every_steps"] and state["step"] % ev["every_steps"] == 0):
             last = run_eval()  # (9), off the training clock
-        if not finished() and (_due(state["last_ckpt"], state["train_time"], t.get("checkpoint_every_s")) or (t.get("checkpoint_every_steps") and state["step"] % t["checkpoint_every_steps"] == 0)):
+        if not finished() and (_due(state["last_ckpt"], state["train_time"], t["checkpoint_every_s"]) or (t["checkpoint_every_steps"] and state["step"] % t["checkpoint_every_steps"] == 0)):
             save()  # (10); the last step's is train.checkpoint_at_end's
     bar.close()
     stopped = dist.any(stop.requested)
@@ -187,7 +187,7 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     at_end = checkpoint.end_mode(t)  # full: resumable state | weights: the policy only (final/) | false: nothing
     if stopped or at_end == "full":
         save()
-    if (t.get("save_final") or at_end == "weights") and not stopped:
+    if (t["save_final"] or at_end == "weights") and not stopped:
         backend.save_pretrained(str(run_dir / "final"))
     if not stopped and at_end != "full":
         checkpoint.discard(ckpt_dir, dist)  # a finished run resumes no more: its periodic checkpoints go

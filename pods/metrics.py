@@ -18,14 +18,14 @@ class MetricsLogger:
         if resume_step is not None and self.path.exists():  # drop rows written after the checkpoint we resume from
             rows = [r for r in map(json.loads, self.path.read_text().splitlines()) if r.get("step", 0) <= resume_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        lg = cfg.get("logger") or {}
+        lg = cfg["logger"]
         if lg.get("name") == "wandb":
             import wandb
 
             self.wandb = wandb.init(
-                project=lg.get("project", "pods"), entity=lg.get("entity"), group=lg.get("group"), name=lg.get("run_name"),
-                tags=list(lg.get("tags") or []), mode=lg.get("mode", "offline"), dir=str(run_dir), config=cfg,
-                resume="allow", id=lg.get("run_id"),
+                project=lg["project"], entity=lg["entity"], group=lg["group"], name=lg["run_name"],
+                tags=list(lg["tags"]), mode=lg["mode"], dir=str(run_dir), config=cfg,
+                resume="allow", id=lg["run_id"],
             )
 
     def log(self, row: dict) -> None:

@@ -19,6 +19,9 @@ ARGS = ["algorithm=grpo", "algorithm.correction=sparse_rl", "optim.eps=1.0", "op
 LR = 0.5
 
 
+pytestmark = pytest.mark.slow  # 2 gloo ranks under torchrun (make test-all)
+
+
 def perturb(batch, backend, rows: slice) -> None:
     """Sampler log-probs = dense + fixed noise (row 5 vetoed), for the rows ``rows`` of the 8-row batch."""
     noise = torch.randn(8, batch.loss_mask.shape[1], generator=torch.Generator().manual_seed(2)) * 0.4

@@ -23,12 +23,12 @@ def toy_example(a: int, b: int) -> Example:
 
 @DATASETS.register("toy_arith")
 def toy_arith(cfg: dict) -> TaskData:
-    lo, hi = int(cfg.get("low", 10)), int(cfg.get("high", 99))
-    n_train, n_test = int(cfg.get("train_size", 2000)), int(cfg.get("test_size", 200))
+    lo, hi = int(cfg["low"]), int(cfg["high"])
+    n_train, n_test = int(cfg["train_size"]), int(cfg["test_size"])
     pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
     if n_train + n_test > len(pairs):
         raise ValueError(f"dataset.train_size + dataset.test_size = {n_train + n_test} exceeds the {len(pairs)} distinct pairs in [{lo}, {hi}]")
-    random.Random(int(cfg.get("seed", 0))).shuffle(pairs)
+    random.Random(int(cfg["seed"])).shuffle(pairs)
     test, train = pairs[:n_test], pairs[n_test : n_test + n_train]
     return TaskData(train=[toy_example(a, b) for a, b in train], test=[toy_example(a, b) for a, b in test], meta={"range": [lo, hi]})
 
