@@ -48,8 +48,26 @@ ALGOS = {  # the same 8-sequence micro-batch, except the reference that trains a
 # from step to step whenever other jobs shared the 2 cores (OpenMP threads waiting on a descheduled peer).
 SETTINGS = {"local_1x1": ("cpu", 1, 1), "zero3_1x1": ("cpu_ddp2_zero3", 1, 1), "zero3_2x1": ("cpu_ddp2_zero3", 2, 1)}
 VLLM = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
-COLUMNS = ["engine", "setting", "algorithm", "processes", "threads", "runs", "load_1m", "steps", "step_s", "generate_s", "gather_select_s", "update_s", "sync_s",
-           "rollouts_per_s", "peak_rss_mb", "update_rss_mb", "saved_act_mb", "param_mb"]
+COLUMNS = [
+    "engine",
+    "setting",
+    "algorithm",
+    "processes",
+    "threads",
+    "runs",
+    "load_1m",
+    "steps",
+    "step_s",
+    "generate_s",
+    "gather_select_s",
+    "update_s",
+    "sync_s",
+    "rollouts_per_s",
+    "peak_rss_mb",
+    "update_rss_mb",
+    "saved_act_mb",
+    "param_mb",
+]
 
 
 # ---- inside each rank -----------------------------------------------------------------------------------
@@ -112,9 +130,22 @@ def compose_cfg(profile: str, threads: int, algo: list[str], engine: str, steps:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    overrides = [f"hardware={profile}", f"hardware.torch_threads={threads}", *algo, "train.prompts_per_step=2",
-                 f"train.max_steps={steps}", "train.time_budget_s=null", "train.checkpoint_at_end=false", "eval.at_start=false", "eval.every_s=null",
-                 "eval.max_examples=2", "eval.repeats=1", "sampling.max_tokens=12", "logger=none", *(VLLM if engine == "vllm" else [])]
+    overrides = [
+        f"hardware={profile}",
+        f"hardware.torch_threads={threads}",
+        *algo,
+        "train.prompts_per_step=2",
+        f"train.max_steps={steps}",
+        "train.time_budget_s=null",
+        "train.checkpoint_at_end=false",
+        "eval.at_start=false",
+        "eval.every_s=null",
+        "eval.max_examples=2",
+        "eval.repeats=1",
+        "sampling.max_tokens=12",
+        "logger=none",
+        *(VLLM if engine == "vllm" else []),
+    ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)
 
@@ -123,9 +154,30 @@ def launch(cfg: dict, procs: int, threads: int, run_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"), "PYTHONPATH": str(ROOT),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port", str(port), __file__, "--rank-main", json.dumps(cfg), str(run_dir)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(procs),
+        "--master_port",
+        str(port),
+        __file__,
+        "--rank-main",
+        json.dumps(cfg),
+        str(run_dir),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     (run_dir / "launch.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -184,7 +236,9 @@ def main() -> None:
                     res["load_1m"] = load
                     res["rollouts_per_s"] = procs * 2 * cfg["algorithm"]["n"] / res["step_s"]
                     results.setdefault((engine, setting, algo, procs, threads), []).append(res)
-                    print(f"[bench] {engine} {setting} {algo} r{rep}: step {res['step_s']:.3f}s ({time.time() - clock:.0f}s wall)", flush=True)
+                    print(
+                        f"[bench] {engine} {setting} {algo} r{rep}: step {res['step_s']:.3f}s ({time.time() - clock:.0f}s wall)", flush=True
+                    )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)

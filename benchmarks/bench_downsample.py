@@ -33,8 +33,13 @@ sys.path.insert(0, str(ROOT))  # run as a script without installing the package
 from pods.downsample import max_variance  # noqa: E402
 
 THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-CASES = [(4096, 256, 16, "gauss"), (4096, 256, 64, "gauss"), (64, 16, 4, "gauss"),
-         (4096, 256, 16, "binary"), (4096, 256, 64, "binary")]  # (G, n, m, rewards)
+CASES = [
+    (4096, 256, 16, "gauss"),
+    (4096, 256, 64, "gauss"),
+    (64, 16, 4, "gauss"),
+    (4096, 256, 16, "binary"),
+    (4096, 256, 64, "binary"),
+]  # (G, n, m, rewards)
 OUT = ROOT / "results" / "bench" / "downsample.csv"
 
 
@@ -87,9 +92,18 @@ def bench_case(G: int, n: int, m: int, kind: str) -> list[dict]:
     )
     ms["loop"] = tuple(t * G / sub for t in ms["loop"])
     return [
-        dict(shape=f"{G}x{n}", m=m, rewards=kind, impl=impl, threads=THREADS, load1=round(os.getloadavg()[0], 2),
-             median_ms=round(med, 4), min_ms=round(low, 4), ratio_vs_sort=round(med / ms["sort"][0], 3),
-             speedup_vs_loop=round(ms["loop"][0] / med, 1))
+        dict(
+            shape=f"{G}x{n}",
+            m=m,
+            rewards=kind,
+            impl=impl,
+            threads=THREADS,
+            load1=round(os.getloadavg()[0], 2),
+            median_ms=round(med, 4),
+            min_ms=round(low, 4),
+            ratio_vs_sort=round(med / ms["sort"][0], 3),
+            speedup_vs_loop=round(ms["loop"][0] / med, 1),
+        )
         for impl, (med, low) in ms.items()
     ]
 
@@ -115,8 +129,10 @@ def main() -> None:
     header = f"{'shape':>10} {'m':>4} {'rewards':>7} {'impl':>13} {'median_ms':>10} {'min_ms':>9} {'vs_sort':>8} {'vs_loop':>8}"
     print(f"torch {torch.__version__}, threads={THREADS}, load average (1 min) {os.getloadavg()[0]:.2f}\n{header}")
     for r in rows:
-        print(f"{r['shape']:>10} {r['m']:>4} {r['rewards']:>7} {r['impl']:>13} {r['median_ms']:>10.3f} {r['min_ms']:>9.3f} "
-              f"{r['ratio_vs_sort']:>8.2f} {r['speedup_vs_loop']:>8.1f}")
+        print(
+            f"{r['shape']:>10} {r['m']:>4} {r['rewards']:>7} {r['impl']:>13} {r['median_ms']:>10.3f} {r['min_ms']:>9.3f} "
+            f"{r['ratio_vs_sort']:>8.2f} {r['speedup_vs_loop']:>8.1f}"
+        )
     print(f"wrote {OUT.relative_to(ROOT)}")
 
 

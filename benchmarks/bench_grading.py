@@ -81,14 +81,20 @@ def main() -> None:
                 grade(c, g)
             inproc = time.perf_counter() - start
             n = len(golds)
-            rows.append({
-                "set": name, "grader": grader, "n": n,
-                "accuracy": round(sum(s.correct for s in ok) / n, 4),
-                "false_accept": round(sum(s.correct for s in bad) / n, 4),
-                "timeouts": sum(s.timed_out for s in ok + bad), "errors": sum(bool(s.error) and not s.timed_out for s in ok + bad),
-                "pool_s_per_1k": round(pooled / (2 * n) * 1000, 3), "inproc_s_per_1k": round(inproc / (2 * n) * 1000, 3),
-                "load_avg": round(os.getloadavg()[0], 1),  # other jobs on the machine slow every timing
-            })
+            rows.append(
+                {
+                    "set": name,
+                    "grader": grader,
+                    "n": n,
+                    "accuracy": round(sum(s.correct for s in ok) / n, 4),
+                    "false_accept": round(sum(s.correct for s in bad) / n, 4),
+                    "timeouts": sum(s.timed_out for s in ok + bad),
+                    "errors": sum(bool(s.error) and not s.timed_out for s in ok + bad),
+                    "pool_s_per_1k": round(pooled / (2 * n) * 1000, 3),
+                    "inproc_s_per_1k": round(inproc / (2 * n) * 1000, 3),
+                    "load_avg": round(os.getloadavg()[0], 1),  # other jobs on the machine slow every timing
+                }
+            )
             print(rows[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:

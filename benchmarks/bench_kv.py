@@ -20,10 +20,12 @@ from pathlib import Path
 import torch
 
 REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-ARMS = {"dense": {"method": "sink_window", "budget": 100000, "interval": 1},
-        "sink_window_b32": {"method": "sink_window", "budget": 32, "interval": 8, "sink": 4},
-        "snapkv_b32": {"method": "snapkv", "budget": 32, "interval": 8, "window": 4},
-        "rkv_b64": {"method": "rkv", "budget": 64, "interval": 16, "window": 8}}
+ARMS = {
+    "dense": {"method": "sink_window", "budget": 100000, "interval": 1},
+    "sink_window_b32": {"method": "sink_window", "budget": 32, "interval": 8, "sink": 4},
+    "snapkv_b32": {"method": "snapkv", "budget": 32, "interval": 8, "window": 4},
+    "rkv_b64": {"method": "rkv", "budget": 64, "interval": 16, "window": 8},
+}
 LENGTHS = [32, 64, 128, 200]
 
 
@@ -37,8 +39,14 @@ def main() -> None:
 
     d = ensure_tiny()
     tok, model = load_tokenizer(d), AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-    prompt = list(tok.apply_chat_template([{"role": "user", "content": "What is 12 + 34? Answer in format: 'Answer: {result}'"}],
-                                          add_generation_prompt=True, tokenize=True, return_dict=False))
+    prompt = list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 12 + 34? Answer in format: 'Answer: {result}'"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
     engines = {}
     for name, c in ARMS.items():
         engines[name] = ENGINES.get("sparse_hf")(d, tok, c, policy=model)
@@ -54,9 +62,19 @@ def main() -> None:
                 mem[name] = ro.metrics
         for name in ARMS:
             med = statistics.median(times[name])
-            rows.append({"arm": name, "prompt_tokens": len(prompt), "completion_tokens": length, "tokens_per_s": round(8 * length / med, 1),
-                         "median_s": round(med, 4), "kv_bytes_dense": int(mem[name]["kv_bytes_dense"]), "kv_bytes_sparse": int(mem[name]["kv_bytes_sparse"]),
-                         "kv_saving": round(mem[name]["kv_saving"], 4), "load1": os.getloadavg()[0]})
+            rows.append(
+                {
+                    "arm": name,
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": length,
+                    "tokens_per_s": round(8 * length / med, 1),
+                    "median_s": round(med, 4),
+                    "kv_bytes_dense": int(mem[name]["kv_bytes_dense"]),
+                    "kv_bytes_sparse": int(mem[name]["kv_bytes_sparse"]),
+                    "kv_saving": round(mem[name]["kv_saving"], 4),
+                    "load1": os.getloadavg()[0],
+                }
+            )
             print(rows[-1], flush=True)
     out = Path(__file__).resolve().parents[1] / "results" / "bench" / "kv.csv"
     out.parent.mkdir(parents=True, exist_ok=True)

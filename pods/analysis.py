@@ -124,33 +124,50 @@ def arm_summary(runs: list[Run]) -> dict:
     se = ci / 1.96
     avg = lambda k: float(np.mean([getattr(r, k) for r in runs]))  # noqa: E731
     return {
-        "seeds": len(runs), "start": float(mean[0]), "start_ci": 1.96 * float(se[0]), "peak": float(mean[k]), "peak_ci": 1.96 * float(se[k]),
-        "peak_time": float(grid[k]), "end_time": float(grid[-1]), "steps": avg("steps"), "s_per_step": avg("s_per_step"),
-        "zero_var": avg("zero_var"), "t_generate": avg("t_generate"), "t_update": avg("t_update"),
+        "seeds": len(runs),
+        "start": float(mean[0]),
+        "start_ci": 1.96 * float(se[0]),
+        "peak": float(mean[k]),
+        "peak_ci": 1.96 * float(se[k]),
+        "peak_time": float(grid[k]),
+        "end_time": float(grid[-1]),
+        "steps": avg("steps"),
+        "s_per_step": avg("s_per_step"),
+        "zero_var": avg("zero_var"),
+        "t_generate": avg("t_generate"),
+        "t_update": avg("t_update"),
     }
 
 
 def report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]], n_boot: int = 2000) -> list[str]:
     """The printed summary: one line per arm, then each comparison against time and against steps."""
-    lines = [f"{'arm':18s} {'seeds':>5s} {'start':>13s} {'peak':>13s} {'at (s)':>7s} {'steps':>7s} {'s/step':>7s} "
-             f"{'gen/upd (ms)':>13s} {'zero-var':>8s}"]
+    lines = [
+        f"{'arm':18s} {'seeds':>5s} {'start':>13s} {'peak':>13s} {'at (s)':>7s} {'steps':>7s} {'s/step':>7s} "
+        f"{'gen/upd (ms)':>13s} {'zero-var':>8s}"
+    ]
     for label, rs in runs.items():
         s = arm_summary(rs)
-        lines.append(f"{label:18s} {s['seeds']:5d} {s['start']:6.3f}±{s['start_ci']:.3f} {s['peak']:6.3f}±{s['peak_ci']:.3f} {s['peak_time']:7.0f} "
-                     f"{s['steps']:7.0f} {s['s_per_step']:7.3f} {1e3 * s['t_generate']:6.0f}/{1e3 * s['t_update']:<6.0f} {s['zero_var']:8.3f}")
+        lines.append(
+            f"{label:18s} {s['seeds']:5d} {s['start']:6.3f}±{s['start_ci']:.3f} {s['peak']:6.3f}±{s['peak_ci']:.3f} {s['peak_time']:7.0f} "
+            f"{s['steps']:7.0f} {s['s_per_step']:7.3f} {1e3 * s['t_generate']:6.0f}/{1e3 * s['t_update']:<6.0f} {s['zero_var']:8.3f}"
+        )
     for baseline, arm in comparisons:
         if baseline not in runs or arm not in runs:
             continue
         b, a = arm_summary(runs[baseline]), arm_summary(runs[arm])
-        lines.append(f"{arm} vs {baseline}: a step costs {a['s_per_step'] / b['s_per_step']:.2f}x (generation {a['t_generate'] / b['t_generate']:.2f}x, "
-                     f"update {a['t_update'] / b['t_update']:.2f}x); {100 * b['zero_var']:.1f}% of {baseline}'s prompt groups had zero reward variance")
+        lines.append(
+            f"{arm} vs {baseline}: a step costs {a['s_per_step'] / b['s_per_step']:.2f}x (generation {a['t_generate'] / b['t_generate']:.2f}x, "
+            f"update {a['t_update'] / b['t_update']:.2f}x); {100 * b['zero_var']:.1f}% of {baseline}'s prompt groups had zero reward variance"
+        )
         for x, unit in (("time", "s"), ("step", "steps")):
             c = compare(runs, baseline, arm, x, n_boot=n_boot)
             t_arm = "never" if c["t_arm"] is None else f"{c['t_arm']:.0f} {unit}"
             never = f", never in {100 * c['never']:.0f}% of resamples" if c["never"] else ""
-            lines.append(f"{arm} vs {baseline} by {x}: to {c['target']:.3f} (99% of {baseline}'s best mean {c['base_peak']:.3f}) "
-                         f"{baseline} {c['t_base']:.0f} {unit}, {arm} {t_arm}: speed-up {c['speedup']:.2f}x "
-                         f"[95% {c['lo']:.2f}, {c['hi']:.2f}]{never}")
+            lines.append(
+                f"{arm} vs {baseline} by {x}: to {c['target']:.3f} (99% of {baseline}'s best mean {c['base_peak']:.3f}) "
+                f"{baseline} {c['t_base']:.0f} {unit}, {arm} {t_arm}: speed-up {c['speedup']:.2f}x "
+                f"[95% {c['lo']:.2f}, {c['hi']:.2f}]{never}"
+            )
     return lines
 
 

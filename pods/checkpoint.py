@@ -46,7 +46,13 @@ def rng_state() -> dict:
     return {
         "torch": torch.get_rng_state(),
         "python": {"version": version, "mt": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
     }
 
 
@@ -66,7 +72,14 @@ def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None, k
         state = backend.state_dict()
     rngs = dist.gather_object({"rng": rng_state(), "extra_rng": extra_rng}) if dist else None
     if dist is None or dist.is_main:
-        blob = {"format": FORMAT, "loop": loop, "backend": state, "sampler": sampler.state_dict(), "rng": rng_state(), "extra_rng": extra_rng}
+        blob = {
+            "format": FORMAT,
+            "loop": loop,
+            "backend": state,
+            "sampler": sampler.state_dict(),
+            "rng": rng_state(),
+            "extra_rng": extra_rng,
+        }
         if dist is not None and dist.world > 1:
             blob["ranks"] = rngs  # rank r resumes with rngs[r]
         tmp = path.with_suffix(".tmp")

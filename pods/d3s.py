@@ -134,10 +134,14 @@ def top_k_tokens(batch, ctx) -> dict:
     kept[live] = global_top(score[live], K, ctx.dist).to(live.device)
     batch.loss_mask.mul_(kept.to(batch.loss_mask.dtype))
     dropped = live & ~kept
-    s_kept, n_kept, s_drop, n_drop = ctx.dist.reduce([float(ent[kept].sum()), float(kept.sum()), float(ent[dropped].sum()), float(dropped.sum())])
+    s_kept, n_kept, s_drop, n_drop = ctx.dist.reduce(
+        [float(ent[kept].sum()), float(kept.sum()), float(ent[dropped].sum()), float(dropped.sum())]
+    )
     return {
-        "token_keep": K, "tokens_kept_frac": n_kept / max(n_kept + n_drop, 1),
-        "entropy_kept": s_kept / max(n_kept, 1), "entropy_dropped": s_drop / max(n_drop, 1),
+        "token_keep": K,
+        "tokens_kept_frac": n_kept / max(n_kept + n_drop, 1),
+        "entropy_kept": s_kept / max(n_kept, 1),
+        "entropy_dropped": s_drop / max(n_drop, 1),
     }
 
 

@@ -18,8 +18,24 @@ from pods.metrics import read_metrics
 from pods.plot import mean_curves, plot_mean_curves, write_csv
 
 NAMES = {"grpo": "GRPO", "grpo_pods": "PODS", "d3s": "D3S-I", "d3s_cross": "D3S-C"}
-SUMMARY = ["arm", "runs", "steps", "train_time_s", "acc_start", "acc_best", "acc_end", "acc_end_se", "grad_norm_mean",
-           "kept_per_step", "tokens_generated", "tokens_trained", "tokens_trained_frac", "tokens_kept_frac", "entropy_kept", "entropy_dropped"]
+SUMMARY = [
+    "arm",
+    "runs",
+    "steps",
+    "train_time_s",
+    "acc_start",
+    "acc_best",
+    "acc_end",
+    "acc_end_se",
+    "grad_norm_mean",
+    "kept_per_step",
+    "tokens_generated",
+    "tokens_trained",
+    "tokens_trained_frac",
+    "tokens_kept_frac",
+    "entropy_kept",
+    "entropy_dropped",
+]
 
 
 def label(a: dict) -> str:
@@ -52,27 +68,50 @@ def summarize(arms: dict) -> list[dict]:
         ends = [ev[-1]["accuracy"] for _, ev in runs if ev]
         gen = [sum(r["tokens"] for r in tr) for tr, _ in runs]
         trained = [sum(r["tokens_trained"] for r in tr) for tr, _ in runs]
-        out.append({
-            "arm": arm, "runs": len(runs), "steps": _mean(len(tr) for tr, _ in runs), "train_time_s": _mean(tr[-1]["train_time"] for tr, _ in runs if tr),
-            "acc_start": _mean(ev[0]["accuracy"] for _, ev in runs if ev), "acc_best": _mean(max(e["accuracy"] for e in ev) for _, ev in runs if ev),
-            "acc_end": _mean(ends), "acc_end_se": statistics.stdev(ends) / len(ends) ** 0.5 if len(ends) > 1 else 0.0,
-            "grad_norm_mean": _mean(r["grad_norm"] for tr, _ in runs for r in tr),
-            "kept_per_step": _mean(r["kept"] for tr, _ in runs for r in tr), "tokens_generated": _mean(gen), "tokens_trained": _mean(trained),
-            "tokens_trained_frac": _mean(t / g for t, g in zip(trained, gen) if g),
-            "tokens_kept_frac": _mean(r.get("tokens_kept_frac") for tr, _ in runs for r in tr),
-            "entropy_kept": _mean(r.get("entropy_kept") for tr, _ in runs for r in tr), "entropy_dropped": _mean(r.get("entropy_dropped") for tr, _ in runs for r in tr),
-        })
+        out.append(
+            {
+                "arm": arm,
+                "runs": len(runs),
+                "steps": _mean(len(tr) for tr, _ in runs),
+                "train_time_s": _mean(tr[-1]["train_time"] for tr, _ in runs if tr),
+                "acc_start": _mean(ev[0]["accuracy"] for _, ev in runs if ev),
+                "acc_best": _mean(max(e["accuracy"] for e in ev) for _, ev in runs if ev),
+                "acc_end": _mean(ends),
+                "acc_end_se": statistics.stdev(ends) / len(ends) ** 0.5 if len(ends) > 1 else 0.0,
+                "grad_norm_mean": _mean(r["grad_norm"] for tr, _ in runs for r in tr),
+                "kept_per_step": _mean(r["kept"] for tr, _ in runs for r in tr),
+                "tokens_generated": _mean(gen),
+                "tokens_trained": _mean(trained),
+                "tokens_trained_frac": _mean(t / g for t, g in zip(trained, gen) if g),
+                "tokens_kept_frac": _mean(r.get("tokens_kept_frac") for tr, _ in runs for r in tr),
+                "entropy_kept": _mean(r.get("entropy_kept") for tr, _ in runs for r in tr),
+                "entropy_dropped": _mean(r.get("entropy_dropped") for tr, _ in runs for r in tr),
+            }
+        )
     return out
 
 
 def report(root: Path, out: Path) -> list[dict]:
     arms = load(root)
-    by_time = [{"label": arm, "run_dir": str(i), "train_time": e["train_time"], "accuracy": e["accuracy"]} for arm, runs in arms.items() for i, (_, ev) in enumerate(runs) for e in ev]
+    by_time = [
+        {"label": arm, "run_dir": str(i), "train_time": e["train_time"], "accuracy": e["accuracy"]}
+        for arm, runs in arms.items()
+        for i, (_, ev) in enumerate(runs)
+        for e in ev
+    ]
     by_step = [{**r, "train_time": e["step"]} for r, e in zip(by_time, (e for runs in arms.values() for _, ev in runs for e in ev))]
-    grads = [{"label": arm, "run_dir": str(i), "train_time": r["step"], "accuracy": r["grad_norm"]} for arm, runs in arms.items() for i, (tr, _) in enumerate(runs) for r in tr]
+    grads = [
+        {"label": arm, "run_dir": str(i), "train_time": r["step"], "accuracy": r["grad_norm"]}
+        for arm, runs in arms.items()
+        for i, (tr, _) in enumerate(runs)
+        for r in tr
+    ]
     title = "toy arithmetic, tiny Qwen2, CPU: GRPO vs PODS vs D3S"
-    for name, rows, unit, ylabel, every in [("accuracy_vs_time", by_time, "s", "test accuracy", 5), ("accuracy_vs_step", by_step, "s", "test accuracy", 25),
-                                            ("grad_norm_vs_step", grads, "s", "policy gradient norm (pre-clip)", 10)]:
+    for name, rows, unit, ylabel, every in [
+        ("accuracy_vs_time", by_time, "s", "test accuracy", 5),
+        ("accuracy_vs_step", by_step, "s", "test accuracy", 25),
+        ("grad_norm_vs_step", grads, "s", "policy gradient norm (pre-clip)", 10),
+    ]:
         end = max(r["train_time"] for r in rows)
         curves = mean_curves(rows, grid=[every * i for i in range(int(end // every) + 1)])  # points where runs have data
         write_csv(curves, out / f"{name}.csv", ["source", "label", "time", "mean", "lo", "hi", "se", "runs"])

@@ -42,7 +42,15 @@ def run_arms(arms: dict[str, str], out: Path, overrides: list[str]) -> dict[str,
         for stale in ("metrics.jsonl", "config.json"):
             (run_dir / stale).unlink(missing_ok=True)
         print(f"[demo] {label}: python -m pods.train experiment={exp} ({load()})", flush=True)
-        cmd = [sys.executable, "-m", "pods.train", f"experiment={exp}", f"hydra.run.dir={run_dir}", "train.checkpoint_at_end=false", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pods.train",
+            f"experiment={exp}",
+            f"hydra.run.dir={run_dir}",
+            "train.checkpoint_at_end=false",
+            *overrides,
+        ]
         subprocess.run(cmd, check=True)
         dirs[label] = run_dir
     return dirs
@@ -72,7 +80,16 @@ def reproduce(out: Path, seeds: list[int], jobs: int, overrides: list[str]) -> d
             running = [p for p in running if _alive(p)]
             time.sleep(0.5)
         print(f"[reproduce] {label} seed {k} ({load()})", flush=True)
-        cmd = [sys.executable, "-m", "pods.train", f"experiment={exp}", f"seed={k}", f"hydra.run.dir={run_dir}", "train.checkpoint_at_end=false", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pods.train",
+            f"experiment={exp}",
+            f"seed={k}",
+            f"hydra.run.dir={run_dir}",
+            "train.checkpoint_at_end=false",
+            *overrides,
+        ]
         log = (out / "runs" / f"{exp}_seed{k}.log").open("w") if jobs > 1 else None
         running.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None))
         dirs[label].append(run_dir)
@@ -108,17 +125,25 @@ def main(argv: list[str] | None = None) -> None:
             dirs = {label: sorted((out / "runs" / exp).glob("seed*")) for label, exp in SEEDED.items()}
             old = out / "summary.txt"
             before = old.read_text().splitlines()[:2] if old.exists() else ["redrawn from the runs' metrics.jsonl", ""]
-        header = before if mode == "summarize" else [f"make reproduce-figure-cpu: {time.time() - t0:.0f} s wall-clock, {len(SEEDED)} arms x {len(next(iter(dirs.values())))} seeds, "
-                  f"{args.jobs} runs at a time; {before} at the start, {load()} at the end",
-                  "accuracy: sampled (T = 1) test accuracy, mean over seeds, ± = 1.96 SE over seeds; speed-ups are to 99% of the "
-                  "baseline's best mean accuracy, [95% percentile bootstrap over seeds]"]
+        header = (
+            before
+            if mode == "summarize"
+            else [
+                f"make reproduce-figure-cpu: {time.time() - t0:.0f} s wall-clock, {len(SEEDED)} arms x {len(next(iter(dirs.values())))} seeds, "
+                f"{args.jobs} runs at a time; {before} at the start, {load()} at the end",
+                "accuracy: sampled (T = 1) test accuracy, mean over seeds, ± = 1.96 SE over seeds; speed-ups are to 99% of the "
+                "baseline's best mean accuracy, [95% percentile bootstrap over seeds]",
+            ]
+        )
         for line in summarize(dirs, out, "toy arithmetic, tiny Qwen2, CPU: mean ± 1.96 SE over seeds", header):
             print("[reproduce]", line)
         return
     t0, before = time.time(), load()
     dirs = run_arms(ARMS, out, args.overrides)
-    header = [f"make demo: {time.time() - t0:.0f} s wall-clock for {len(ARMS)} arms, one seed each; {before} at the start, {load()} at the end",
-              "accuracy: sampled (T = 1) test accuracy; ± = 1.96 SE over eval samples (binomial); speed-ups are to 99% of the baseline's peak"]
+    header = [
+        f"make demo: {time.time() - t0:.0f} s wall-clock for {len(ARMS)} arms, one seed each; {before} at the start, {load()} at the end",
+        "accuracy: sampled (T = 1) test accuracy; ± = 1.96 SE over eval samples (binomial); speed-ups are to 99% of the baseline's peak",
+    ]
     for line in summarize(dirs, out, "toy arithmetic, tiny Qwen2, CPU (1 seed per arm)", header):
         print("[demo]", line)
 

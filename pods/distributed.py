@@ -103,7 +103,9 @@ class Dist:
         total = len(lists[0])
         keep = total - total % self.world if lockstep else total
         if keep < total and self.is_main:
-            get(__name__).info(f"evaluating {keep} of {total} test prompts: equal shards over {self.world} ranks (lockstep ZeRO-3 generation)")
+            get(__name__).info(
+                f"evaluating {keep} of {total} test prompts: equal shards over {self.world} ranks (lockstep ZeRO-3 generation)"
+            )
         return tuple(items[:keep][self.rank :: self.world] for items in lists)
 
     def broadcast(self, obj):
@@ -143,7 +145,9 @@ def init(hw: dict) -> Dist:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not hw.get("dist_backend"):
-        raise ConfigError(f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)")
+        raise ConfigError(
+            f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)"
+        )
     if not hw.get("dist_backend"):
         return Dist()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

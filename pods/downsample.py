@@ -47,8 +47,7 @@ def _check(rewards: Tensor, m: int) -> int:
             rows = bad.nonzero().flatten().tolist()
             shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
             raise ValueError(
-                f"rewards contain NaN or inf in group(s) (row index) {shown}; "
-                f"first bad group {rows[0]}: {rewards[rows[0]].tolist()[:16]}"
+                f"rewards contain NaN or inf in group(s) (row index) {shown}; first bad group {rows[0]}: {rewards[rows[0]].tolist()[:16]}"
             )
     return m
 
@@ -249,9 +248,7 @@ def all(rewards: Tensor, m: int, *, generator: torch.Generator | None = None) ->
     return torch.arange(n, device=rewards.device).repeat(G, 1)
 
 
-def select(
-    rule: str, rewards: Tensor, m: int, *, generator: torch.Generator | None = None
-) -> Tensor:
+def select(rule: str, rewards: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
     """Apply the registered rule ``rule`` to ``rewards: [G, n]``; returns ``LongTensor[G, m]``.
 
     Unknown ``rule`` raises ValueError listing the valid names (``RULES.names()``).

@@ -12,11 +12,20 @@ from pods.tasks import score_batch
 def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: dict, ds: dict, seed: int) -> dict:
     """Generate ``ev['repeats']`` samples per test prompt and score them; RNG is forked so the training
     stream does not depend on how often evaluation runs."""
-    sampling = Sampling(temperature=ev["temperature"], top_p=ev.get("top_p", 1.0), top_k=ev.get("top_k", -1), max_tokens=ev["max_tokens"], seed=seed, stop=tuple(ev.get("stop") or ()))
+    sampling = Sampling(
+        temperature=ev["temperature"],
+        top_p=ev.get("top_p", 1.0),
+        top_k=ev.get("top_k", -1),
+        max_tokens=ev["max_tokens"],
+        seed=seed,
+        stop=tuple(ev.get("stop") or ()),
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ro = engine.generate(prompt_ids, ev["repeats"], sampling, progress=True)
-    scores = score_batch(ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0))
+    scores = score_batch(
+        ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0)
+    )
     k = len(scores)
     return {
         "accuracy": sum(s.correct for s in scores) / k,

@@ -23,9 +23,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pods import runstore
 from pods.plot import CURVE_FIELDS, eval_rows, mean_curves, plot_mean_curves, time_to_reach, write_csv
@@ -61,8 +61,15 @@ def single_gpu_reference(train_set: str, model: str, keep: Callable[[dict], bool
                 n, m = int(r["n"]), int(r["m"])
                 a = {"rule": r["rule"] if n != m else "all", "n": n, "m": m, "grad_accum": False}
                 if keep(a):
-                    out.append({"alg": a, "run_dir": r["run_name"], "train_time": int(r["checkpoint_index"]) * every,
-                                "accuracy": float(r["ans_acc"]), "both_accuracy": float(r["both_acc"])})
+                    out.append(
+                        {
+                            "alg": a,
+                            "run_dir": r["run_name"],
+                            "train_time": int(r["checkpoint_index"]) * every,
+                            "accuracy": float(r["ans_acc"]),
+                            "both_accuracy": float(r["both_acc"]),
+                        }
+                    )
         return out
 
     return load
@@ -102,33 +109,73 @@ class Figure:
 QWEN3B_GSM8K_PODS = "gsm8k_qwen3b_pods_64_16_l40s"
 FIGURES = {
     "3-gsm8k-qwen3b-l40s": Figure(
-        "GSM8K, Qwen2.5-3B-Instruct, 1x L40S (LoRA)", ("gsm8k_qwen3b_grpo_16_16_l40s", QWEN3B_GSM8K_PODS), "seeds_single_gpu",
-        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: (a["n"], a["m"], a["rule"]) in {(16, 16, "all"), (64, 16, "max_variance")}),
-        baseline="GRPO 16/16"),
+        "GSM8K, Qwen2.5-3B-Instruct, 1x L40S (LoRA)",
+        ("gsm8k_qwen3b_grpo_16_16_l40s", QWEN3B_GSM8K_PODS),
+        "seeds_single_gpu",
+        reference=single_gpu_reference(
+            "gsm8k", "Qwen2.5-3B-Instruct", lambda a: (a["n"], a["m"], a["rule"]) in {(16, 16, "all"), (64, 16, "max_variance")}
+        ),
+        baseline="GRPO 16/16",
+    ),
     "3-math-qwen3b-l40s": Figure(
-        "MATH, Qwen2.5-3B-Instruct, 1x L40S (LoRA), MATH-500", ("math_qwen3b_grpo_8_8_l40s", "math_qwen3b_pods_32_8_l40s"), "seeds_single_gpu",
-        reference=single_gpu_reference("math", "Qwen2.5-3B-Instruct", lambda a: True), baseline="GRPO 8/8"),
+        "MATH, Qwen2.5-3B-Instruct, 1x L40S (LoRA), MATH-500",
+        ("math_qwen3b_grpo_8_8_l40s", "math_qwen3b_pods_32_8_l40s"),
+        "seeds_single_gpu",
+        reference=single_gpu_reference("math", "Qwen2.5-3B-Instruct", lambda a: True),
+        baseline="GRPO 8/8",
+    ),
     "3-gsm8k-llama3b-l40s": Figure(
-        "GSM8K, Llama-3.2-3B-Instruct, 1x L40S (LoRA, beta 0.04)", ("gsm8k_llama3b_grpo_16_16_l40s", "gsm8k_llama3b_pods_64_16_l40s"), "seeds_single_gpu",
-        reference=single_gpu_reference("gsm8k", "Llama-3.2-3B-Instruct", lambda a: True), baseline="GRPO 16/16", metric="both_accuracy"),
+        "GSM8K, Llama-3.2-3B-Instruct, 1x L40S (LoRA, beta 0.04)",
+        ("gsm8k_llama3b_grpo_16_16_l40s", "gsm8k_llama3b_pods_64_16_l40s"),
+        "seeds_single_gpu",
+        reference=single_gpu_reference("gsm8k", "Llama-3.2-3B-Instruct", lambda a: True),
+        baseline="GRPO 16/16",
+        metric="both_accuracy",
+    ),
     "3-gsm8k-qwen3b-h100x8": Figure(
-        "GSM8K, Qwen2.5-3B-Instruct, 8x H100 (full FT)", ("gsm8k_qwen3b_grpo_ga_h100x8", "gsm8k_qwen3b_pods_h100x8"), "seeds_multi_gpu",
-        gpus=8, reference=multi_gpu_reference("pods_h100x8_wandb_acc.csv"), baseline="GRPO-GA 32/32", time_unit="min"),
+        "GSM8K, Qwen2.5-3B-Instruct, 8x H100 (full FT)",
+        ("gsm8k_qwen3b_grpo_ga_h100x8", "gsm8k_qwen3b_pods_h100x8"),
+        "seeds_multi_gpu",
+        gpus=8,
+        reference=multi_gpu_reference("pods_h100x8_wandb_acc.csv"),
+        baseline="GRPO-GA 32/32",
+        time_unit="min",
+    ),
     "3-gsm8k-qwen7b-a100x8": Figure(
-        "GSM8K, Qwen2.5-7B-Instruct, 8x A100 (full FT)", ("gsm8k_qwen7b_grpo_ga_a100x8", "gsm8k_qwen7b_pods_a100x8"), "seeds_multi_gpu",
-        gpus=8, reference=multi_gpu_reference("pods_a100x8_wandb_acc.csv"), baseline="GRPO-GA 32/32", time_unit="min"),
+        "GSM8K, Qwen2.5-7B-Instruct, 8x A100 (full FT)",
+        ("gsm8k_qwen7b_grpo_ga_a100x8", "gsm8k_qwen7b_pods_a100x8"),
+        "seeds_multi_gpu",
+        gpus=8,
+        reference=multi_gpu_reference("pods_a100x8_wandb_acc.csv"),
+        baseline="GRPO-GA 32/32",
+        time_unit="min",
+    ),
     "4-n": Figure(
-        "GSM8K, Qwen2.5-3B, 1x L40S: PODS max-variance, m = 16, n swept", (QWEN3B_GSM8K_PODS,), "n_sweep",
-        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: a["m"] == 16 and a["rule"] in ("all", "max_variance"))),
+        "GSM8K, Qwen2.5-3B, 1x L40S: PODS max-variance, m = 16, n swept",
+        (QWEN3B_GSM8K_PODS,),
+        "n_sweep",
+        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: a["m"] == 16 and a["rule"] in ("all", "max_variance")),
+    ),
     "4-m": Figure(
-        "GSM8K, Qwen2.5-3B, 1x L40S: PODS max-variance, n = 64, m swept", (QWEN3B_GSM8K_PODS,), "m_sweep",
-        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: a["n"] == 64 and a["rule"] == "max_variance")),
+        "GSM8K, Qwen2.5-3B, 1x L40S: PODS max-variance, n = 64, m swept",
+        (QWEN3B_GSM8K_PODS,),
+        "m_sweep",
+        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: a["n"] == 64 and a["rule"] == "max_variance"),
+    ),
     "5": Figure(
-        "GSM8K, Qwen2.5-3B, 1x L40S: down-sampling rule at n = 64 -> m = 16", (QWEN3B_GSM8K_PODS,), "rules", label=by_rule,
-        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: (a["n"], a["m"]) == (64, 16))),
+        "GSM8K, Qwen2.5-3B, 1x L40S: down-sampling rule at n = 64 -> m = 16",
+        (QWEN3B_GSM8K_PODS,),
+        "rules",
+        label=by_rule,
+        reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: (a["n"], a["m"]) == (64, 16)),
+    ),
     "cpu": Figure(
-        "toy arithmetic, tiny Qwen2, CPU: GRPO vs GRPO-GA vs GRPO-PODS", ("toy_grpo_16_16_cpu", "toy_grpo_ga_64_16_cpu", "toy_pods_64_16_cpu"),
-        "seeds_cpu", baseline="GRPO 16/16", time_unit="s"),
+        "toy arithmetic, tiny Qwen2, CPU: GRPO vs GRPO-GA vs GRPO-PODS",
+        ("toy_grpo_16_16_cpu", "toy_grpo_ga_64_16_cpu", "toy_pods_64_16_cpu"),
+        "seeds_cpu",
+        baseline="GRPO 16/16",
+        time_unit="s",
+    ),
 }
 GROUPS = {"3": [k for k in FIGURES if k.startswith("3-")], "4": ["4-n", "4-m"]}
 
@@ -136,8 +183,6 @@ GROUPS = {"3": [k for k in FIGURES if k.startswith("3-")], "4": ["4-n", "4-m"]}
 def sweep_jobs(exp: str, sweep: str, overrides: list[str] = ()) -> tuple[list[list[str]], dict]:
     """The jobs Hydra's basic sweeper would launch for ``experiment=exp +sweep=sweep``, and the resolved run config."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     from pods.train import CONF, expand
@@ -183,16 +228,35 @@ def reproduce(name: str, launcher: str, runs: Path, seeds: str | None, extra: li
 def _launch(name: str, fig: Figure, cfg: dict, launcher: str, args: list[str], run_dir: Path) -> list[subprocess.Popen]:
     """Run one job into ``run_dir``: locally (waits) or on SLURM (1 GPU: a Hydra submitit job; 8 GPUs: sbatch)."""
     if fig.gpus == 1 and launcher == "slurm":
-        cmd = [sys.executable, "-m", "pods.train", "-m", *args, f"hydra.sweep.dir={run_dir.parent}", f"hydra.sweep.subdir={run_dir.name}",
-               "train.resume=auto", "hydra/launcher=slurm" + ("_cpu" if name == "cpu" else "")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pods.train",
+            "-m",
+            *args,
+            f"hydra.sweep.dir={run_dir.parent}",
+            f"hydra.sweep.subdir={run_dir.name}",
+            "train.resume=auto",
+            "hydra/launcher=slurm" + ("_cpu" if name == "cpu" else ""),
+        ]
     elif fig.gpus == 1:
         cmd = [sys.executable, "-m", "pods.train", *args, f"hydra.run.dir={run_dir}", "train.resume=auto"]
     elif launcher == "slurm":
         cmd = ["sbatch", "--parsable", f"--job-name=pods-{args[0].split('=', 1)[1]}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *args]
     else:
         nproc = cfg["hardware"].get("nproc_per_node", 1)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pods.train", *args,
-               f"hydra.run.dir={run_dir}", "train.resume=auto"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "pods.train",
+            *args,
+            f"hydra.run.dir={run_dir}",
+            "train.resume=auto",
+        ]
     print("[figures]", f"PODS_RUN_DIR={run_dir}" if cmd[0] == "sbatch" else "", " ".join(cmd), flush=True)
     runstore.mark(run_dir, "launched", launcher, cmd)
     if launcher == "slurm" and fig.gpus == 1:  # waited for by its own process: submit them all at once
@@ -229,16 +293,20 @@ def summarize(curves: list[dict], baseline: str | None) -> list[str]:
             all_pts = [c for c in curves if c["label"] == label and c["source"] == source]
             pts[label] = [c for c in all_pts if 2 * c["runs"] >= max(p["runs"] for p in all_pts)]
             best, first, last = max(pts[label], key=lambda c: c["mean"]), pts[label][0], pts[label][-1]
-            lines.append(f"{source:7s} {label:22s} runs {max(c['runs'] for c in all_pts):2d}  first {first['mean']:.3f} at {first['time']:.0f} s  "
-                         f"best {best['mean']:.3f} +- {1.96 * best['se']:.3f} at {best['time']:.0f} s  last {last['mean']:.3f} at {last['time']:.0f} s")
+            lines.append(
+                f"{source:7s} {label:22s} runs {max(c['runs'] for c in all_pts):2d}  first {first['mean']:.3f} at {first['time']:.0f} s  "
+                f"best {best['mean']:.3f} +- {1.96 * best['se']:.3f} at {best['time']:.0f} s  last {last['mean']:.3f} at {last['time']:.0f} s"
+            )
         if baseline in pts:
             target = 0.99 * max(c["mean"] for c in pts[baseline])
             t_base = time_to_reach(pts[baseline], baseline, target, source)
             for label in (k for k in pts if k != baseline):
                 t = time_to_reach(pts[label], label, target, source)
                 ratio = f"{t_base / t:.2f}x" if t and t_base else ("n/a (never reached)" if t is None else "n/a")
-                lines.append(f"{source:7s} time to 99% of {baseline}'s best mean ({target:.3f}): {baseline} {t_base:.0f} s, "
-                             f"{label} {'never' if t is None else f'{t:.0f} s'}: speed-up {ratio}")
+                lines.append(
+                    f"{source:7s} time to 99% of {baseline}'s best mean ({target:.3f}): {baseline} {t_base:.0f} s, "
+                    f"{label} {'never' if t is None else f'{t:.0f} s'}: speed-up {ratio}"
+                )
     return lines
 
 

@@ -75,14 +75,22 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(1 for _ in f)
     stats = {"rows": 0, "correct": 0, "skipped": 0, "timeouts": 0, "errors": 0, "reward": 0.0}
     start = time.time()
-    with args.input.open(encoding="utf-8", errors="replace") as fin, args.output.open("w", encoding="utf-8") as fout, tqdm(
-        total=total, unit="row", file=sys.stderr, disable=None
-    ) as bar:
+    with (
+        args.input.open(encoding="utf-8", errors="replace") as fin,
+        args.output.open("w", encoding="utf-8") as fout,
+        tqdm(total=total, unit="row", file=sys.stderr, disable=None) as bar,
+    ):
         batch: list[tuple[dict, str]] = []
 
         def flush() -> None:
-            scores = score_batch([r["completion"] for r, _ in batch], [g for _, g in batch], args.recipe or "correctness", args.grader,
-                                 timeout_s=args.timeout, workers=args.workers)
+            scores = score_batch(
+                [r["completion"] for r, _ in batch],
+                [g for _, g in batch],
+                args.recipe or "correctness",
+                args.grader,
+                timeout_s=args.timeout,
+                workers=args.workers,
+            )
             for (row, gold), s in zip(batch, scores):
                 out = {**row, "correct": s.correct, "extracted": s.extracted, "error": s.error}
                 if args.gold_from_solution:

@@ -28,12 +28,12 @@ from pods import checkpoint, distributed, tokens
 from pods.advantages import ADVANTAGES
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
-from pods.log import setup
-from pods.data import PromptSampler
 from pods.d3s import sample_count
+from pods.data import PromptSampler
 from pods.downsample import kept_rows
 from pods.engines import ENGINES, Sampling
 from pods.evaluate import evaluate
+from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, resolve_model_dir
 from pods.schedules import SCHEDULES
@@ -51,7 +51,18 @@ def progress_of(state: dict, t: dict) -> float:
     return min(p, 1.0)
 
 
-def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: list[str], gen: torch.Generator, lr: float, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0) -> dict:
+def rollout_step(
+    cfg: dict,
+    engine,
+    backend,
+    prompts: list[list[int]],
+    golds: list[str],
+    gen: torch.Generator,
+    lr: float,
+    pad_id: int,
+    dist=distributed.SINGLE,
+    progress: float = 0.0,
+) -> dict:
     """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
     statistics over every rank's groups). ``progress`` is the training progress in [0, 1]."""
     a, ds, t = cfg["algorithm"], cfg["dataset"], cfg["train"]
@@ -74,7 +85,14 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     else:  # (5) D3S: the full-group advantages of the kept rollouts, not re-normalised
         adv = group_adv.flatten()[kept].float()
     rows = kept.tolist()
-    batch = build_batch([prompts[r // n] for r in rows], [ro.completion_ids[r] for r in rows], [ro.logprobs[r] for r in rows], adv, pad_id, groups=[r // n for r in rows])
+    batch = build_batch(
+        [prompts[r // n] for r in rows],
+        [ro.completion_ids[r] for r in rows],
+        [ro.logprobs[r] for r in rows],
+        adv,
+        pad_id,
+        groups=[r // n for r in rows],
+    )
     if t["old_logprobs"] == "sampler":
         batch.old_logprobs = batch.sampler_logprobs
     token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection: loss_mask / token_weights
@@ -86,15 +104,26 @@ def rollout_step(cfg: dict, engine, backend, prompts: list[list[int]], golds: li
     t_sync = time.perf_counter()
     terms = {k: sum(sc.terms[k] for sc in scores) / len(scores) for k in scores[0].terms}
     return {
-        **stats, "t_generate": t_gen - clock, "t_score": t_score - t_gen, "t_select": t_select - t_score,
-        "t_update": t_update - t_select, "t_sync": t_sync - t_update,
-        "reward_mean_all": all_rewards.mean().item(), "reward_std_all": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
-        "reward_mean_kept": all_kept.mean().item(), "reward_std_kept": all_kept.std().item() if all_kept.numel() > 1 else 0.0,
+        **stats,
+        "t_generate": t_gen - clock,
+        "t_score": t_score - t_gen,
+        "t_select": t_select - t_score,
+        "t_update": t_update - t_select,
+        "t_sync": t_sync - t_update,
+        "reward_mean_all": all_rewards.mean().item(),
+        "reward_std_all": all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
+        "reward_mean_kept": all_kept.mean().item(),
+        "reward_std_kept": all_kept.std().item() if all_kept.numel() > 1 else 0.0,
         "zero_var_groups": (all_rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0,
-        "kept": int(kept.numel()), "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
-        "tokens": ro.num_tokens, "tokens_trained": int(batch.loss_mask.sum()), "truncated": ro.finish_reasons.count("length") / len(scores),
-        "timeouts": sum(sc.timed_out for sc in scores), **{f"reward_{k}": v for k, v in terms.items()},
-        **ro.metrics, **token_metrics,
+        "kept": int(kept.numel()),
+        "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
+        "tokens": ro.num_tokens,
+        "tokens_trained": int(batch.loss_mask.sum()),
+        "truncated": ro.finish_reasons.count("length") / len(scores),
+        "timeouts": sum(sc.timed_out for sc in scores),
+        **{f"reward_{k}": v for k, v in terms.items()},
+        **ro.metrics,
+        **token_metrics,
     }
 
 
@@ -122,7 +151,9 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
     test_ids, test_ex, _ = encode_prompts(task.test[: ev["max_examples"]], tok, ds["max_prompt_length"])
     backend = BACKENDS.get(hw["backend"])(model_dir, cfg)
     engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
-    sampler = PromptSampler(len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world, t["group_repeats"])  # prompts per rank
+    sampler = PromptSampler(
+        len(train_ids), t["prompts_per_step"], cfg["seed"], dist.rank, dist.world, t["group_repeats"]
+    )  # prompts per rank
     gen = torch.Generator().manual_seed(cfg["seed"] + dist.rank)  # the random down-sampling rule's stream
     state = {"step": 0, "train_time": 0.0, "last_eval": 0.0, "last_ckpt": 0.0, "evals": 0}
     ckpt_dir = run_dir / "checkpoints"
@@ -134,11 +165,23 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
             gen.set_state(extra["select"])
             if dist.is_main:
                 log.info(f"resumed from {path} at step {state['step']}")
-    if engine.needs_sync:  # the engine serves the trainer's policy from the first eval on (a 4-bit base: its NF4 values), or the resumed one
+    if (
+        engine.needs_sync
+    ):  # the engine serves the trainer's policy from the first eval on (a 4-bit base: its NF4 values), or the resumed one
         engine.load_weights(backend.export_weights())
     logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main, resume_step=state["step"] if resume else None)
     if state["step"] == 0:
-        logger.log({"kind": "setup", "step": 0, "model_dir": str(model_dir), "train_prompts": len(train_ids), "dropped_prompts": dropped, "test_prompts": len(test_ids), "world_size": dist.world})
+        logger.log(
+            {
+                "kind": "setup",
+                "step": 0,
+                "model_dir": str(model_dir),
+                "train_prompts": len(train_ids),
+                "dropped_prompts": dropped,
+                "test_prompts": len(test_ids),
+                "world_size": dist.world,
+            }
+        )
     schedule, lr0 = SCHEDULES.get(cfg["optim"]["schedule"]), cfg["optim"]["lr"]
     golds = [ex.gold for ex in train_ex]
     lockstep = backend.collective_forward and not engine.needs_sync  # generating with the ZeRO-3 module: equal eval shards
@@ -153,23 +196,37 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         return row
 
     def save() -> None:
-        checkpoint.save(ckpt_dir / f"step_{state['step']:06d}.pt", state, backend, sampler, {"select": gen.get_state()}, dist, keep=t["keep_checkpoints"])
+        checkpoint.save(
+            ckpt_dir / f"step_{state['step']:06d}.pt",
+            state,
+            backend,
+            sampler,
+            {"select": gen.get_state()},
+            dist,
+            keep=t["keep_checkpoints"],
+        )
         state["last_ckpt"] = state["train_time"]
 
     def finished() -> bool:
-        return bool((t["max_steps"] and state["step"] >= t["max_steps"]) or (t["time_budget_s"] and state["train_time"] >= t["time_budget_s"]))
+        return bool(
+            (t["max_steps"] and state["step"] >= t["max_steps"]) or (t["time_budget_s"] and state["train_time"] >= t["time_budget_s"])
+        )
 
     stop = StopFlag().install()  # (SLURM pre-emption) -> checkpoint at the next step boundary, then exit
     last = run_eval() if ev["at_start"] and state["step"] == 0 else {}
     from tqdm import tqdm
 
-    bar = tqdm(total=t["max_steps"], initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main)
+    bar = tqdm(
+        total=t["max_steps"], initial=state["step"], desc=f"{a['name']} n={a['n']} m={a['m']}", dynamic_ncols=True, disable=not dist.is_main
+    )
     while not finished() and not dist.any(stop.requested):  # a signal to one rank stops them all
         clock = time.perf_counter()
         idx = sampler.next()  # (1) this rank's prompts
         p = progress_of(state, t)
         lr = lr0 * schedule(p, cfg["optim"]["warmup_ratio"])
-        row = rollout_step(cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist, p)  # (2)-(7)
+        row = rollout_step(
+            cfg, engine, backend, [train_ids[i] for i in idx], [golds[i] for i in idx], gen, lr, tok.pad_token_id, dist, p
+        )  # (2)-(7)
         row = dist.reduce_metrics(row)
         state["step"] += 1
         state["train_time"] += dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all
@@ -178,7 +235,10 @@ def train(cfg: dict, run_dir: str | Path) -> dict:
         bar.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{state['train_time']:.0f}s")
         if _due(state["last_eval"], state["train_time"], ev["every_s"]) or (ev["every_steps"] and state["step"] % ev["every_steps"] == 0):
             last = run_eval()  # (9), off the training clock
-        if not finished() and (_due(state["last_ckpt"], state["train_time"], t["checkpoint_every_s"]) or (t["checkpoint_every_steps"] and state["step"] % t["checkpoint_every_steps"] == 0)):
+        if not finished() and (
+            _due(state["last_ckpt"], state["train_time"], t["checkpoint_every_s"])
+            or (t["checkpoint_every_steps"] and state["step"] % t["checkpoint_every_steps"] == 0)
+        ):
             save()  # (10); the last step's is train.checkpoint_at_end's
     bar.close()
     stopped = dist.any(stop.requested)

@@ -44,7 +44,9 @@ def _head_chunk(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: 
     return logp, ent
 
 
-def chunked_token_stats(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None, entropy: bool = False):
+def chunked_token_stats(
+    head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None, entropy: bool = False
+):
     """Token log-probs (and entropies) from the final hidden states without materialising [B, T, V] logits.
 
     head: the output projection (``lm_head``, called as a module so that ZeRO-3 gathers its weight);

@@ -23,9 +23,16 @@ class MetricsLogger:
             import wandb
 
             self.wandb = wandb.init(
-                project=lg["project"], entity=lg["entity"], group=lg["group"], name=lg["run_name"],
-                tags=list(lg["tags"]), mode=lg["mode"], dir=str(run_dir), config=cfg,
-                resume="allow", id=lg["run_id"],
+                project=lg["project"],
+                entity=lg["entity"],
+                group=lg["group"],
+                name=lg["run_name"],
+                tags=list(lg["tags"]),
+                mode=lg["mode"],
+                dir=str(run_dir),
+                config=cfg,
+                resume="allow",
+                id=lg["run_id"],
             )
 
     def log(self, row: dict) -> None:
@@ -36,7 +43,9 @@ class MetricsLogger:
             f.write(json.dumps(clean) + "\n")
         if self.wandb is not None:
             prefix = row.get("kind", "train")
-            self.wandb.log({f"{prefix}/{k}": v for k, v in clean.items() if isinstance(v, (int, float)) and v is not None}, step=row.get("step"))
+            self.wandb.log(
+                {f"{prefix}/{k}": v for k, v in clean.items() if isinstance(v, (int, float)) and v is not None}, step=row.get("step")
+            )
 
     def close(self) -> None:
         if self.wandb is not None:

@@ -95,7 +95,18 @@ def mean_curves(rows: list[dict], grid: list[float] | None = None, source: str =
                 continue
             se = float(np.std(ys, ddof=1) / np.sqrt(len(ys))) if len(ys) > 1 else 0.0
             mean = float(np.mean(ys))
-            out.append({"source": source, "label": label, "time": float(t), "mean": mean, "lo": mean - 1.96 * se, "hi": mean + 1.96 * se, "se": se, "runs": len(ys)})
+            out.append(
+                {
+                    "source": source,
+                    "label": label,
+                    "time": float(t),
+                    "mean": mean,
+                    "lo": mean - 1.96 * se,
+                    "hi": mean + 1.96 * se,
+                    "se": se,
+                    "runs": len(ys),
+                }
+            )
     return out
 
 
@@ -112,7 +123,9 @@ def plot_mean_curves(curves: list[dict], path: str | Path, title: str = "", time
     sources = list(dict.fromkeys(c["source"] for c in curves))
     for i, label in enumerate(labels):
         for j, source in enumerate(sources):
-            pts = sorted((c["time"] / scale, c["mean"], c["lo"], c["hi"], c["runs"]) for c in curves if c["label"] == label and c["source"] == source)
+            pts = sorted(
+                (c["time"] / scale, c["mean"], c["lo"], c["hi"], c["runs"]) for c in curves if c["label"] == label and c["source"] == source
+            )
             if not pts:
                 continue
             t, m, lo, hi, k = zip(*pts)

@@ -33,12 +33,20 @@ def _device(cfg: dict) -> None:
 
     hw, ro = cfg["hardware"], cfg["rollout"]
     if hw["device"] == "cuda":
-        _need(torch.cuda.is_available(), f"hardware.device=cuda (hardware={hw['name']}) but no CUDA device is visible here: use {CPU_PROFILES}")
+        _need(
+            torch.cuda.is_available(),
+            f"hardware.device=cuda (hardware={hw['name']}) but no CUDA device is visible here: use {CPU_PROFILES}",
+        )
         return
-    _need(hw["dtype"] != "float16", "hardware.dtype=float16 needs a CUDA device (no fp16 loss scaling on CPU); valid on CPU: float32, bfloat16")
+    _need(
+        hw["dtype"] != "float16",
+        "hardware.dtype=float16 needs a CUDA device (no fp16 loss scaling on CPU); valid on CPU: float32, bfloat16",
+    )
     _need(hw.get("dist_backend") != "nccl", "hardware.dist_backend=nccl needs CUDA devices; valid on CPU: gloo")
     _need(cfg["optim"]["name"] != "adamw_8bit", "optim.name=adamw_8bit (bitsandbytes) needs a CUDA device; valid on CPU: adamw")
-    _need(not ro.get("enable_sleep_mode"), "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU")
+    _need(
+        not ro.get("enable_sleep_mode"), "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU"
+    )
     _need(ro.get("dtype", "float32") != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
 
 
@@ -49,7 +57,10 @@ def _files(cfg: dict) -> None:
         for p in [files] if isinstance(files, str) else files or []:
             _need(Path(p).is_file(), f"dataset.{split}_files: file not found: {p}")
     resume = cfg["train"]["resume"]
-    _need(resume in (None, "auto") or Path(resume).is_file(), f"train.resume: file not found: {resume} (valid: null, auto or a checkpoint file)")
+    _need(
+        resume in (None, "auto") or Path(resume).is_file(),
+        f"train.resume: file not found: {resume} (valid: null, auto or a checkpoint file)",
+    )
     path, builder = cfg["model"]["path"], cfg["model"]["builder"]
     if not builder and path and (Path(path).is_absolute() or path.startswith(".")):
         _need(Path(path).is_dir(), f"model.path: directory not found: {path}")
@@ -74,5 +85,7 @@ def _hub_datasets(ds: dict) -> None:
         hub = ds.get(f"{split}_hub")
         if ds.get(f"{split}_files") or not hub or not offline() or cached_dataset(hub["id"]):
             continue
-        raise ConfigError(f"dataset.{split}_hub: hub dataset '{hub['id']}' while offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and not in the "
-                          f"local cache: set dataset.{split}_files=/path/{split}.jsonl (json, jsonl, parquet or csv)")
+        raise ConfigError(
+            f"dataset.{split}_hub: hub dataset '{hub['id']}' while offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE) and not in the "
+            f"local cache: set dataset.{split}_files=/path/{split}.jsonl (json, jsonl, parquet or csv)"
+        )

@@ -7,7 +7,8 @@ that heavy dependencies (vLLM, DeepSpeed) load only when a config names them.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class Registry:

@@ -145,7 +145,9 @@ class VllmRollout(Section):
     max_num_seqs: Pos = 256  # sequences decoded together
     enforce_eager: bool = True  # false = CUDA graphs and torch.compile: faster decoding, a slower start (GPU)
     enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill; reset after every sync
-    logprobs_mode: Literal["processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"] = "processed_logprobs"  # log softmax(logits / T): the loss's definition
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"] = (
+        "processed_logprobs"  # log softmax(logits / T): the loss's definition
+    )
     multiprocessing: bool = False  # true = vLLM's engine process, sync over RPC (one process only)
     enable_sleep_mode: bool = False  # GPU only: after each generation, weights to CPU RAM and KV cache freed
     extra_args: dict[str, Any] = {}  # any other vllm.LLM keyword argument
@@ -282,7 +284,6 @@ SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
 }
 
 
-
 def check(cfg: dict) -> dict:
     """``cfg`` validated and completed (a new plain dict), or ``ConfigError`` in one line naming the key."""
     if not isinstance(cfg, dict):
@@ -326,9 +327,22 @@ def defaults(model: type[Section]) -> dict:
 def nodes() -> dict[str, dict]:
     """The schema's defaults as Hydra config nodes: ``_schema`` (the top-level sections) and one ``<group>/_<shape>``
     per shape of a group, which the group's YAML files name first in their ``defaults`` list."""
-    out = {"_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}}
-    shapes = {"model": Model, "dataset/_hub": HubDataset, "dataset/_toy": ToyDataset, "dataset/_toy_long": ToyLongDataset, "rollout/_hf": HfRollout, "rollout/_vllm": VllmRollout, "rollout/_sparse_hf": SparseHfRollout,
-              "hardware": Hardware, "algorithm": Algorithm, "logger/_none": NoLogger, "logger/_wandb": Wandb}
+    out = {
+        "_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}
+    }
+    shapes = {
+        "model": Model,
+        "dataset/_hub": HubDataset,
+        "dataset/_toy": ToyDataset,
+        "dataset/_toy_long": ToyLongDataset,
+        "rollout/_hf": HfRollout,
+        "rollout/_vllm": VllmRollout,
+        "rollout/_sparse_hf": SparseHfRollout,
+        "hardware": Hardware,
+        "algorithm": Algorithm,
+        "logger/_none": NoLogger,
+        "logger/_wandb": Wandb,
+    }
     for where, model in shapes.items():
         out[where if "/" in where else f"{where}/_base"] = defaults(model)
     return out

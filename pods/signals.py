@@ -18,7 +18,7 @@ class StopFlag:
         self._deferred: list[tuple] = []
         self._previous: dict = {}
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         for sig in SIGNALS:
             try:
                 previous = self._previous[sig] = signal.getsignal(sig)

@@ -43,9 +43,16 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
     w = r.clamp(max=c["cap"]) * mask
     norm_mask = {"valid": new_mask, "all": mask}.get(c["weight_norm"])
     has_seq = valid.any(dim=1)
-    sums = [float((w * norm_mask).sum()) if norm_mask is not None else 0.0, float(norm_mask.sum()) if norm_mask is not None else 0.0,
-            float((vetoed & has_seq).sum()), float(has_seq.sum()), float((valid & ~in_band).sum()), float(valid.sum()),
-            float(((sparse - dense) * mask).sum()), float(((r - raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]) - 1) * mask).sum())]
+    sums = [
+        float((w * norm_mask).sum()) if norm_mask is not None else 0.0,
+        float(norm_mask.sum()) if norm_mask is not None else 0.0,
+        float((vetoed & has_seq).sum()),
+        float(has_seq.sum()),
+        float((valid & ~in_band).sum()),
+        float(valid.sum()),
+        float(((sparse - dense) * mask).sum()),
+        float(((r - raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]) - 1) * mask).sum()),
+    ]
     if dist is not None:
         sums = dist.reduce(sums)
     if norm_mask is not None and sums[1] > 0 and sums[0] > 1e-8:
@@ -65,9 +72,12 @@ def sparse_rl(batch, ctx: StepContext) -> dict:
     w_max = ctx.dist.max(float(kept.max())) if kept.numel() else ctx.dist.max(0.0)
     tokens = max(s["tokens"], 1.0)
     return {
-        "sparse_rl_rejected_frac": s["rejected"] / max(s["seqs"], 1.0), "sparse_rl_masked_frac": s["out_of_band"] / tokens,
-        "sparse_rl_weight_mean": float(kept.mean()) if kept.numel() else 0.0, "sparse_rl_weight_max": w_max,
-        "mismatch_kl": s["kl"] / tokens, "mismatch_k3": s["k3"] / tokens,
+        "sparse_rl_rejected_frac": s["rejected"] / max(s["seqs"], 1.0),
+        "sparse_rl_masked_frac": s["out_of_band"] / tokens,
+        "sparse_rl_weight_mean": float(kept.mean()) if kept.numel() else 0.0,
+        "sparse_rl_weight_max": w_max,
+        "mismatch_kl": s["kl"] / tokens,
+        "mismatch_k3": s["k3"] / tokens,
     }
 
 

@@ -29,13 +29,20 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 DEFAULT_SPEC = {
-    "vocab_size": 384, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-    "warm_start_steps": 400, "warm_start_batch": 64, "warm_start_lr": 3e-3, "warm_start_label_smoothing": 0.25, "seed": 0,
+    "vocab_size": 384,
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "warm_start_steps": 400,
+    "warm_start_batch": 64,
+    "warm_start_lr": 3e-3,
+    "warm_start_label_smoothing": 0.25,
+    "seed": 0,
     "dataset": {"name": "toy_arith", "low": 10, "high": 99, "train_size": 4000, "test_size": 200, "seed": 1234},
 }
 
@@ -90,7 +97,9 @@ def _sft_batch(tokenizer, examples, device="cpu", target=_toy_target):
     return ids, lab, mask
 
 
-def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=_toy_target) -> None:
+def warm_start(
+    model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=_toy_target
+) -> None:
     """Supervised steps on the answers. ``label_smoothing`` > 0 leaves the policy under-confident (sampling at
     T = 1 errs where greedy decoding is right), the regime in which RL's early gains come from sharpening."""
     from tqdm import tqdm
@@ -103,7 +112,9 @@ def warm_start(model, tokenizer, train, steps: int, batch: int, lr: float, seed:
     for _ in bar:
         ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch), target=target)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100, label_smoothing=label_smoothing)
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100, label_smoothing=label_smoothing
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
@@ -125,14 +136,31 @@ def build_tiny(spec: dict, out_dir: Path) -> dict:
     texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
     tok = build_tokenizer(texts, spec["vocab_size"])
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"], num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"], max_position_embeddings=spec["max_position_embeddings"],
-        tie_word_embeddings=True, rope_theta=10000.0, bos_token_id=None,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
     )
     model = Qwen2ForCausalLM(cfg).float()
-    warm_start(model, tok, data.train, spec["warm_start_steps"], spec["warm_start_batch"], spec["warm_start_lr"], spec["seed"], spec.get("warm_start_label_smoothing", 0.0), target)
+    warm_start(
+        model,
+        tok,
+        data.train,
+        spec["warm_start_steps"],
+        spec["warm_start_batch"],
+        spec["warm_start_lr"],
+        spec["seed"],
+        spec.get("warm_start_label_smoothing", 0.0),
+        target,
+    )
     model.generation_config = GenerationConfig(
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
     )

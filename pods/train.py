@@ -38,7 +38,6 @@ def fail(e: Exception) -> None:
 
 def check(cfg: dict, machine: bool = True) -> dict:
     """Schema, cross-field rules and (``machine``) this machine's devices, files and hub access; the completed config."""
-    from pods import schema
     from pods.config import validate
     from pods.preflight import check_environment
 
@@ -90,7 +89,9 @@ def expand(overrides: list[str]) -> list[list[str]]:
         key = o.get_key_element()
         if o.is_sweep_override() and not o.is_discrete_sweep():
             raise ConfigError(f"{text}: only lists (a,b,c) and range() can be swept here")
-        final[key] = [f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [f"{key}={o.get_value_element_as_str()}"]
+        final[key] = (
+            [f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [f"{key}={o.get_value_element_as_str()}"]
+        )
     return [list(job) for job in itertools.product(*final.values())]
 
 

@@ -35,7 +35,9 @@ def compose(overrides: list[str] | None = None, name: str = "config") -> dict:
 
 def shrink(cfg: dict, steps: int = 2) -> dict:
     """Make any composed config a seconds-long CPU run of the tiny model (the algorithm's n/m are kept)."""
-    cfg["train"].update(max_steps=steps, time_budget_s=None, prompts_per_step=min(cfg["train"]["prompts_per_step"], 2), checkpoint_every_s=None)
+    cfg["train"].update(
+        max_steps=steps, time_budget_s=None, prompts_per_step=min(cfg["train"]["prompts_per_step"], 2), checkpoint_every_s=None
+    )
     cfg["eval"].update(max_examples=8, repeats=1, every_s=None, every_steps=None)
     cfg["sampling"]["max_tokens"] = min(cfg["sampling"]["max_tokens"], 12)
     cfg["eval"]["max_tokens"] = cfg["sampling"]["max_tokens"]

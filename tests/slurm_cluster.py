@@ -66,7 +66,7 @@ class LocalCluster:
         self._pidfiles: list[Path] = []
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
-    def start(self, timeout: float = 60) -> "LocalCluster":
+    def start(self, timeout: float = 60) -> LocalCluster:
         d = self.dir
         d.chmod(0o711)  # munged checks that every directory above its socket is searchable by all
         for sub in ("state", "spool", "log", "munge", "dev"):
@@ -77,8 +77,15 @@ class LocalCluster:
         key.chmod(0o600)
         sock = d / "munge" / "munge.socket"
         self._daemon(
-            [_sbin("munged"), "--force", f"--socket={sock}", f"--key-file={key}", f"--pid-file={d / 'munge' / 'munged.pid'}",
-             f"--log-file={d / 'log' / 'munged.log'}", f"--seed-file={d / 'munge' / 'munged.seed'}"],
+            [
+                _sbin("munged"),
+                "--force",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={d / 'munge' / 'munged.pid'}",
+                f"--log-file={d / 'log' / 'munged.log'}",
+                f"--seed-file={d / 'munge' / 'munged.seed'}",
+            ],
             d / "munge" / "munged.pid",
         )
         self._write_conf(sock)
@@ -110,7 +117,7 @@ class LocalCluster:
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             return self.start()
         except BaseException:
@@ -178,17 +185,36 @@ class LocalCluster:
     def _write_conf(self, munge_socket: Path) -> None:
         d = self.dir
         lines = [
-            "ClusterName=podstest", "SlurmctldHost=localhost", "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket},cred_expire=10", "MpiDefault=none",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
+            "ClusterName=podstest",
+            "SlurmctldHost=localhost",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={munge_socket},cred_expire=10",
+            "MpiDefault=none",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SwitchType=switch/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=1,bf_interval=1",  # with cred_expire=10: a requeued job restarts ~11 s later
-            "ReturnToService=2", "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none", "KillWait=10", "MinJobAge=600", "GresTypes=gpu",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd.pid'}",
-            f"SlurmdSpoolDir={d / 'spool'}", f"StateSaveLocation={d / 'state'}",
-            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
+            "ReturnToService=2",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "KillWait=10",
+            "MinJobAge=600",
+            "GresTypes=gpu",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'slurmd.pid'}",
+            f"SlurmdSpoolDir={d / 'spool'}",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
             f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={self.cpus} "
             f"ThreadsPerCore=1 RealMemory={self.mem_mb} Gres=gpu:{self.gpus} State=UNKNOWN",
             "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP",

@@ -57,7 +57,9 @@ def test_bootstrap_matches_enumeration():
 def write_run(path, accs, dt, n_eval=400, zero_var=0.25):
     rows = [{"kind": "setup", "step": 0}]
     for s in range(1, 9):
-        rows.append({"kind": "train", "step": s, "train_time": s * dt, "zero_var_groups": zero_var, "t_generate": dt / 4, "t_update": dt / 2})
+        rows.append(
+            {"kind": "train", "step": s, "train_time": s * dt, "zero_var_groups": zero_var, "t_generate": dt / 4, "t_update": dt / 2}
+        )
     rows += [{"kind": "eval", "step": 4 * i, "train_time": 4 * i * dt, "accuracy": a, "n_eval": n_eval} for i, a in enumerate(accs)]
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -111,7 +113,11 @@ def test_mean_curve_runs_to_the_median_end_over_the_runs_that_reach_each_point()
     """Seeds with one step budget end at different seconds under a changing load: three runs ending at 10, 20, 30 s."""
     from pods.analysis import mean_curve
 
-    runs = [(np.array([0.0, 10.0]), np.array([0.0, 1.0])), (np.array([0.0, 20.0]), np.array([0.0, 1.0])), (np.array([0.0, 30.0]), np.array([0.0, 3.0]))]
+    runs = [
+        (np.array([0.0, 10.0]), np.array([0.0, 1.0])),
+        (np.array([0.0, 20.0]), np.array([0.0, 1.0])),
+        (np.array([0.0, 30.0]), np.array([0.0, 3.0])),
+    ]
     grid, mean = mean_curve(runs)
     assert grid[-1] == 20.0  # reached by 2 of 3 runs
     assert mean[np.searchsorted(grid, 10.0)] == pytest.approx((1.0 + 0.5 + 1.0) / 3)

@@ -63,8 +63,10 @@ TABLE = [
     (["rollout=vllm", "rollout.max_model_len=64"], "rollout.max_model_len (64) < dataset.max_prompt_length"),
     (["hardware=cpu_ddp2_zero3"], "hardware.nproc_per_node=2 (cpu_ddp2_zero3) needs one process per GPU"),
     # missing local files
-    (["dataset=gsm8k", "dataset.train_files=/nonexistent/train.jsonl", "dataset.test_files=/nonexistent/test.jsonl"],
-     "dataset.train_files: file not found: /nonexistent/train.jsonl"),
+    (
+        ["dataset=gsm8k", "dataset.train_files=/nonexistent/train.jsonl", "dataset.test_files=/nonexistent/test.jsonl"],
+        "dataset.train_files: file not found: /nonexistent/train.jsonl",
+    ),
     (["model=qwen2_5_3b_instruct", "model.path=/nonexistent/model"], "model.path"),
     (["train.resume=/nonexistent/step_000001.pt"], "train.resume: file not found"),
     # hub ids while offline (the tests run with HF_HUB_OFFLINE=1)
@@ -72,13 +74,32 @@ TABLE = [
     (["dataset=math500"], "dataset.test_hub: hub dataset 'HuggingFaceH4/MATH-500' while offline"),
     (["model=qwen2_5_3b_instruct"], "model.path 'Qwen/Qwen2.5-3B-Instruct' is a hub id"),
     # what this machine cannot run (a CPU)
-    pytest.param(["hardware.dtype=float16"], "hardware.dtype=float16 needs a CUDA device", marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here")),
-    pytest.param(["hardware.device=cuda"], "hardware.device=cuda (hardware=cpu) but no CUDA device", marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here")),
-    pytest.param(["hardware=l40s_lora"], "hardware.device=cuda (hardware=l40s_lora) but no CUDA device", marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here")),
-    pytest.param(["optim.name=adamw_8bit"], "optim.name=adamw_8bit (bitsandbytes) needs a CUDA device", marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here")),
+    pytest.param(
+        ["hardware.dtype=float16"],
+        "hardware.dtype=float16 needs a CUDA device",
+        marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here"),
+    ),
+    pytest.param(
+        ["hardware.device=cuda"],
+        "hardware.device=cuda (hardware=cpu) but no CUDA device",
+        marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here"),
+    ),
+    pytest.param(
+        ["hardware=l40s_lora"],
+        "hardware.device=cuda (hardware=l40s_lora) but no CUDA device",
+        marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here"),
+    ),
+    pytest.param(
+        ["optim.name=adamw_8bit"],
+        "optim.name=adamw_8bit (bitsandbytes) needs a CUDA device",
+        marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here"),
+    ),
     (["model.quantization=4bit", "hardware.finetune=lora"], "model.quantization=4bit needs bitsandbytes on a CUDA device"),
-    pytest.param(["rollout=vllm", "rollout.enable_sleep_mode=true"], "rollout.enable_sleep_mode=true needs a CUDA device",
-                 marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here")),
+    pytest.param(
+        ["rollout=vllm", "rollout.enable_sleep_mode=true"],
+        "rollout.enable_sleep_mode=true needs a CUDA device",
+        marks=pytest.mark.skipif(not NO_CUDA, reason="a GPU is here"),
+    ),
     # a malformed override
     (["optim.lr=[0.1"], "optim.lr=[0.1"),
 ]
@@ -131,10 +152,16 @@ def test_real_processes(tmp_path):
     """The same rows as real ``python -m pods.train`` processes (started together: the imports dominate)."""
     rows = [TABLE[0], TABLE[5], TABLE[20]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "pods.train", *ov], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for ov, _ in rows]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pods.train", *ov], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for ov, _ in rows
+    ]
     for p, (ov, expected) in zip(procs, rows):
         out, err = p.communicate(timeout=300)
         assert p.returncode == 2, (ov, err[-2000:])
-        assert err.strip().splitlines() == [f"pods: config error: {err.strip().removeprefix('pods: config error: ')}"] and expected in err, err
+        assert (
+            err.strip().splitlines() == [f"pods: config error: {err.strip().removeprefix('pods: config error: ')}"] and expected in err
+        ), err
     assert not any(tmp_path.iterdir())

@@ -12,7 +12,14 @@ import pytest
 from conftest import ROOT
 from pods.metrics import read_metrics
 
-SHORT = ["train.max_steps=2", "train.time_budget_s=null", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null", "train.prompts_per_step=1"]
+SHORT = [
+    "train.max_steps=2",
+    "train.time_budget_s=null",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "train.prompts_per_step=1",
+]
 
 
 def run(args, **kw):
@@ -32,7 +39,18 @@ def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):
-    p = run(["-m", "pods.train", "-m", "algorithm.n=8", "algorithm.m=4", "algorithm.rule=max_variance,random", *SHORT, f"hydra.sweep.dir={tmp_path}"])
+    p = run(
+        [
+            "-m",
+            "pods.train",
+            "-m",
+            "algorithm.n=8",
+            "algorithm.m=4",
+            "algorithm.rule=max_variance,random",
+            *SHORT,
+            f"hydra.sweep.dir={tmp_path}",
+        ]
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     runs = sorted(d for d in tmp_path.iterdir() if (d / "metrics.jsonl").exists())
     assert len(runs) == 2
@@ -42,7 +60,9 @@ def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_wandb_offline_logger_writes_a_run(tiny_dir, tmp_path):
-    p = run(["-m", "pods.train", "logger=wandb", "logger.mode=offline", "algorithm.n=4", "algorithm.m=2", *SHORT, f"hydra.run.dir={tmp_path}"])
+    p = run(
+        ["-m", "pods.train", "logger=wandb", "logger.mode=offline", "algorithm.n=4", "algorithm.m=2", *SHORT, f"hydra.run.dir={tmp_path}"]
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     offline = list((tmp_path / "wandb").glob("offline-run-*"))
     assert offline and list(offline[0].glob("*.wandb"))
@@ -60,4 +80,8 @@ def test_demo_writes_figure_and_csv_from_its_runs(tiny_dir, tmp_path):
     assert {"GRPO 16/16", "GRPO-GA 64/16", "PODS 64→16"} == {line.split(",")[0] for line in lines[1:]}
     assert "figure:" in p.stdout
     summary = (tmp_path / "summary.txt").read_text()  # the printed table, both comparisons by seconds and by steps
-    assert "load average" in summary and summary.count("PODS 64→16 vs GRPO-GA 64/16 by") == 2 and summary.count("PODS 64→16 vs GRPO 16/16 by") == 2
+    assert (
+        "load average" in summary
+        and summary.count("PODS 64→16 vs GRPO-GA 64/16 by") == 2
+        and summary.count("PODS 64→16 vs GRPO 16/16 by") == 2
+    )

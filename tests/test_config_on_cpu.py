@@ -85,7 +85,9 @@ def test_bad_config_fails_before_any_model_load(overrides, key, tmp_path, monkey
 
 def test_cli_bad_config_exits_2_fast_with_the_key():
     t = time.time()
-    p = subprocess.run([sys.executable, "-m", "pods.train", "algorithm.m=1000", "hydra.run.dir=/tmp/pods-bad"], capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "pods.train", "algorithm.m=1000", "hydra.run.dir=/tmp/pods-bad"], capture_output=True, text=True, cwd=ROOT
+    )
     assert p.returncode == 2, p.stderr[-2000:]
     assert "algorithm.m (1000) must be <= algorithm.n" in p.stderr
     assert "Traceback" not in p.stderr

@@ -31,9 +31,13 @@ def best_var(values: list[float], m: int) -> float:
 def reward_rows(seed: int, G: int, n: int) -> torch.Tensor:
     """Rewards with ties, equal values and zero-variance groups: binary, 3-level, constant and continuous rows."""
     g = torch.Generator().manual_seed(seed)
-    rows = [torch.randint(0, 2, (n,), generator=g).double(), torch.randint(0, 3, (n,), generator=g).double() * 0.4,
-            torch.full((n,), 0.8, dtype=torch.float64), torch.rand(n, generator=g, dtype=torch.float64),
-            torch.tensor([1.0] + [0.0] * (n - 1), dtype=torch.float64)]
+    rows = [
+        torch.randint(0, 2, (n,), generator=g).double(),
+        torch.randint(0, 3, (n,), generator=g).double() * 0.4,
+        torch.full((n,), 0.8, dtype=torch.float64),
+        torch.rand(n, generator=g, dtype=torch.float64),
+        torch.tensor([1.0] + [0.0] * (n - 1), dtype=torch.float64),
+    ]
     return torch.stack([rows[i % len(rows)] for i in range(G)])
 
 
@@ -132,7 +136,9 @@ def test_schedule_values_at_progress_0_half_1():
     assert [token_fraction(alg, p) for p in (0, 0.5, 1)] == pytest.approx([0.2, 0.4, 0.6])
     assert sample_count({**alg, "m_final": 7}, 0.5) == 6  # 5.5 rounds half up
     assert sample_count({**alg, "m_final": None}, 0.7) == 4  # no schedule: N = m
-    assert ramped(0.2, 0.6, 0.5, "cosine") == pytest.approx(0.4) and ramped(0.2, 0.6, 0.25, "cosine") == pytest.approx(0.2 + 0.4 * (1 - math.cos(math.pi / 4)) / 2)
+    assert ramped(0.2, 0.6, 0.5, "cosine") == pytest.approx(0.4) and ramped(0.2, 0.6, 0.25, "cosine") == pytest.approx(
+        0.2 + 0.4 * (1 - math.cos(math.pi / 4)) / 2
+    )
     assert ramped(0.2, 0.6, 0.9, "constant") == 0.2
     assert sample_count(alg, 1.7) == 8 and token_fraction(alg, -1) == pytest.approx(0.2)  # clamped to [0, 1]
 
@@ -170,15 +176,18 @@ def test_masked_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
 
 
 # ---- configuration ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides,key", [
-    (["algorithm=d3s", "algorithm.token_keep=0"], "algorithm.token_keep"),
-    (["algorithm=d3s", "algorithm.token_keep_final=1.5"], "algorithm.token_keep_final"),
-    (["algorithm=d3s", "algorithm.m_final=17"], "algorithm.m_final"),
-    (["algorithm=d3s_cross", "algorithm.advantage_scope=kept"], "algorithm.advantage_scope"),
-    (["algorithm=d3s", "algorithm.advantage_scope=batch"], "algorithm.advantage_scope"),
-    (["algorithm=d3s", "algorithm.ramp=cubic"], "algorithm.ramp"),
-    (["algorithm=grpo_pods", "algorithm.token_rule=d3s_top_k"], "algorithm.token_keep"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["algorithm=d3s", "algorithm.token_keep=0"], "algorithm.token_keep"),
+        (["algorithm=d3s", "algorithm.token_keep_final=1.5"], "algorithm.token_keep_final"),
+        (["algorithm=d3s", "algorithm.m_final=17"], "algorithm.m_final"),
+        (["algorithm=d3s_cross", "algorithm.advantage_scope=kept"], "algorithm.advantage_scope"),
+        (["algorithm=d3s", "algorithm.advantage_scope=batch"], "algorithm.advantage_scope"),
+        (["algorithm=d3s", "algorithm.ramp=cubic"], "algorithm.ramp"),
+        (["algorithm=grpo_pods", "algorithm.token_rule=d3s_top_k"], "algorithm.token_keep"),
+    ],
+)
 def test_bad_d3s_settings_fail_with_the_key(overrides, key):
     from pods.config import ConfigError, validate
 

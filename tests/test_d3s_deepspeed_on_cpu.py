@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_deepspeed_on_cpu import fixed_batch, torchrun, weights_of
 
 pytestmark = pytest.mark.slow

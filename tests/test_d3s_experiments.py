@@ -15,18 +15,41 @@ def get(cfg: dict, dotted: str):
 
 
 D3S_COMMON = {  # from the paper (arXiv 2509.22115): GRPO base, advantages on the full group, |A| x H tokens, linear ramp
-    "algorithm.advantage_scope": "group", "algorithm.advantage": "grpo", "algorithm.policy_loss": "clipped",
-    "algorithm.token_rule": "d3s_top_k", "algorithm.ramp": "linear", "eval.repeats": 32,
+    "algorithm.advantage_scope": "group",
+    "algorithm.advantage": "grpo",
+    "algorithm.policy_loss": "clipped",
+    "algorithm.token_rule": "d3s_top_k",
+    "algorithm.ramp": "linear",
+    "eval.repeats": 32,
 }
 CHOSEN = {  # not in the sources read here: chosen, pinned so that a change is deliberate
-    "algorithm.n": 16, "algorithm.m": 4, "algorithm.m_final": 12, "algorithm.token_keep": 0.2, "algorithm.token_keep_final": 0.6,
-    "algorithm.beta": 0.0, "algorithm.loss_agg": "token_mean", "optim.lr": 1e-6, "sampling.temperature": 1.0, "sampling.max_tokens": 2048,
-    "train.prompts_per_step": 16, "train.max_steps": 300, "dataset.name": "math", "dataset.prompt_format": "question",
-    "dataset.recipe": "correctness", "dataset.grader": "math_verify", "hardware.name": "h100x8_zero3", "hardware.finetune": "full",
+    "algorithm.n": 16,
+    "algorithm.m": 4,
+    "algorithm.m_final": 12,
+    "algorithm.token_keep": 0.2,
+    "algorithm.token_keep_final": 0.6,
+    "algorithm.beta": 0.0,
+    "algorithm.loss_agg": "token_mean",
+    "optim.lr": 1e-6,
+    "sampling.temperature": 1.0,
+    "sampling.max_tokens": 2048,
+    "train.prompts_per_step": 16,
+    "train.max_steps": 300,
+    "dataset.name": "math",
+    "dataset.prompt_format": "question",
+    "dataset.recipe": "correctness",
+    "dataset.grader": "math_verify",
+    "hardware.name": "h100x8_zero3",
+    "hardware.finetune": "full",
 }
 PAPER = {
     "d3s_qwen2_5_math_7b_grpo_h100x8": {**D3S_COMMON, **CHOSEN, "model.path": "Qwen/Qwen2.5-Math-7B", "algorithm.rule": "d3s_cross"},
-    "d3s_llama3_1_8b_grpo_h100x8": {**D3S_COMMON, **CHOSEN, "model.path": "meta-llama/Llama-3.1-8B-Instruct", "algorithm.rule": "d3s_intra"},
+    "d3s_llama3_1_8b_grpo_h100x8": {
+        **D3S_COMMON,
+        **CHOSEN,
+        "model.path": "meta-llama/Llama-3.1-8B-Instruct",
+        "algorithm.rule": "d3s_intra",
+    },
 }
 CPU = {  # experiment -> (algorithm.name, n, N at p = 0 per group, token rule)
     "d3s_toy_cpu": ("d3s", 16, 4, "d3s_top_k"),
@@ -59,8 +82,12 @@ def test_d3s_cpu_sweep_runs_the_four_arms_with_their_own_n_and_m():
     for job in jobs[:4]:
         a = compose(["experiment=d3s_toy_cpu", "+sweep=d3s_cpu", *job])["algorithm"]
         got[a["name"]] = (a["n"], a["m"], a["rule"], a.get("advantage_scope") or "kept", a["token_rule"])
-    assert got == {"grpo": (16, 16, "all", "kept", "all"), "grpo_pods": (64, 16, "max_variance", "kept", "all"),
-                   "d3s": (16, 4, "d3s_intra", "group", "d3s_top_k"), "d3s_cross": (16, 4, "d3s_cross", "group", "d3s_top_k")}
+    assert got == {
+        "grpo": (16, 16, "all", "kept", "all"),
+        "grpo_pods": (64, 16, "max_variance", "kept", "all"),
+        "d3s": (16, 4, "d3s_intra", "group", "d3s_top_k"),
+        "d3s_cross": (16, 4, "d3s_cross", "group", "d3s_top_k"),
+    }
 
 
 @pytest.mark.slow

@@ -25,9 +25,24 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-EQUIV = ["algorithm=grpo_pods", "algorithm.loss_agg=token_mean", "algorithm.beta=0.04", "sampling.temperature=0.9", "optim.eps=1.0", "optim.max_grad_norm=1.0"]
+EQUIV = [
+    "algorithm=grpo_pods",
+    "algorithm.loss_agg=token_mean",
+    "algorithm.beta=0.04",
+    "sampling.temperature=0.9",
+    "optim.eps=1.0",
+    "optim.max_grad_norm=1.0",
+]
 LRS = [1.0, 0.5]  # with AdamW eps=1 the first steps are ~ lr * gradient: a wrong gradient scale shows in the weights
-SMALL = ["algorithm.n=8", "algorithm.m=4", "train.prompts_per_step=1", "eval.max_examples=8", "eval.repeats=1", "sampling.max_tokens=10", "eval.max_tokens=10"]
+SMALL = [
+    "algorithm.n=8",
+    "algorithm.m=4",
+    "train.prompts_per_step=1",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "sampling.max_tokens=10",
+    "eval.max_tokens=10",
+]
 TOL_LOGP = 1e-4
 VARIANTS = {  # the 2-rank settings replayed in one process: ZeRO stage and extra overrides
     "zero3": ["hardware.deepspeed.stage=3"],
@@ -39,9 +54,15 @@ VARIANTS = {  # the 2-rank settings replayed in one process: ZeRO stage and extr
 
 def _env() -> dict:
     return {
-        **os.environ, "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING",
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
     }
 
 
@@ -124,13 +145,17 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
     from pods.tasks import DATASETS, encode_prompts
 
     tok = load_tokenizer(tiny)
-    engine = ENGINES.get("vllm")(tiny, tok, compose(["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"])["rollout"])
+    engine = ENGINES.get("vllm")(
+        tiny, tok, compose(["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"])["rollout"]
+    )
     task = DATASETS.get("toy_arith")(compose()["dataset"])
     (prompts,) = dist.shard(encode_prompts(task.test[:4], tok, None)[0])  # 2 prompts per rank
 
     def gap() -> float:
         ro = engine.generate(prompts, 4, Sampling(temperature=0.9, max_tokens=10, seed=dist.rank))
-        batch = build_batch([prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0)
+        batch = build_batch(
+            [prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0
+        )
         return float(((backend.policy_logprobs(batch) - batch.sampler_logprobs).abs() * batch.loss_mask).max())
 
     stale = gap()  # the engine still holds the initial weights; the trainer took two steps
@@ -153,7 +178,16 @@ def test_import_pods_does_not_import_deepspeed():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=_env())
 
 
-@pytest.mark.parametrize("profile,stage,bf16", [("cpu_ddp2_zero3", 3, False), ("h100x8_zero3", 3, True), ("a100x8_zero3", 3, True), ("h100x8_zero2", 2, True), ("a100x8_zero2", 2, True)])
+@pytest.mark.parametrize(
+    "profile,stage,bf16",
+    [
+        ("cpu_ddp2_zero3", 3, False),
+        ("h100x8_zero3", 3, True),
+        ("a100x8_zero3", 3, True),
+        ("h100x8_zero2", 2, True),
+        ("a100x8_zero2", 2, True),
+    ],
+)
 def test_deepspeed_config_is_generated_from_hydra(profile, stage, bf16):
     from conftest import compose
     from pods.backends.deepspeed import ds_config
@@ -161,11 +195,17 @@ def test_deepspeed_config_is_generated_from_hydra(profile, stage, bf16):
     cfg = compose([f"hardware={profile}", "optim.max_grad_norm=0.3", "optim.lr=2e-5", "hardware.micro_batch_size=5"])
     d = ds_config(cfg)
     assert d["zero_optimization"]["stage"] == stage and d["bf16"]["enabled"] is bf16 and d["gradient_clipping"] == 0.3
-    assert d["train_micro_batch_size_per_gpu"] == 5 and d["gradient_accumulation_steps"] == 1 and d["managed_gradient_accumulation"] is False
+    assert (
+        d["train_micro_batch_size_per_gpu"] == 5 and d["gradient_accumulation_steps"] == 1 and d["managed_gradient_accumulation"] is False
+    )
     assert d["optimizer"]["type"] == "AdamW" and d["optimizer"]["params"]["lr"] == 2e-5
     assert d["optimizer"]["params"]["torch_adam"] is True  # torch's AdamW everywhere: FusedAdam needs nvcc, not installed
     hw = cfg["hardware"]
-    assert hw["backend"] == "deepspeed" and hw["finetune"] == "full" and hw["dist_backend"] == ("gloo" if profile.startswith("cpu") else "nccl")
+    assert (
+        hw["backend"] == "deepspeed"
+        and hw["finetune"] == "full"
+        and hw["dist_backend"] == ("gloo" if profile.startswith("cpu") else "nccl")
+    )
     assert hw["gradient_checkpointing"] is not profile.startswith("cpu")
 
 
@@ -184,8 +224,20 @@ def test_deepspeed_rejects_lora_and_8bit_adam():
 def cli_runs(tiny_dir, tmp_path_factory):
     """grpo_pods on 2 ZeRO-3 ranks for 3 steps (checkpoint at step 2), then a resume of step 2 into a new directory."""
     base = tmp_path_factory.mktemp("ds_cli")
-    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", "algorithm=grpo_pods", *SMALL, "train.max_steps=3", "train.time_budget_s=null",
-            "eval.every_s=null", "train.checkpoint_every_steps=2", "train.save_final=true", "seed=3", "optim.lr=1e-3"]
+    args = [
+        "-m",
+        "pods.train",
+        "hardware=cpu_ddp2_zero3",
+        "algorithm=grpo_pods",
+        *SMALL,
+        "train.max_steps=3",
+        "train.time_budget_s=null",
+        "eval.every_s=null",
+        "train.checkpoint_every_steps=2",
+        "train.save_final=true",
+        "seed=3",
+        "optim.lr=1e-3",
+    ]
     straight = torchrun([*args, f"hydra.run.dir={base / 'straight'}"], base / "straight.log")
     resume = base / "straight" / "checkpoints" / "step_000002.pt"
     resumed = torchrun([*args, f"hydra.run.dir={base / 'resumed'}", f"train.resume={resume}"], base / "resumed.log")
@@ -272,7 +324,9 @@ def test_two_rank_update_equals_the_single_process_update(worker_run, local_run,
     start, after, stats = local_run
     for s_ds, s_local in zip(ds["stats"], stats):
         assert s_ds["grad_norm"] == pytest.approx(s_local["grad_norm"], rel=1e-5)  # pre-clip global norm: the gradient's scale
-        assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=1e-5, abs=1e-7) and s_ds["kl"] == pytest.approx(s_local["kl"], rel=1e-5, abs=1e-7)
+        assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=1e-5, abs=1e-7) and s_ds["kl"] == pytest.approx(
+            s_local["kl"], rel=1e-5, abs=1e-7
+        )
     assert stats[1]["kl"] > 0 and stats[0]["grad_norm"] > 1.0  # step 2 sees the reference; step 1 is clipped to max_grad_norm
     moved = max((after[k] - start[k]).abs().max().item() for k in after)
     diff = max((ds["weights"][k] - after[k]).abs().max().item() for k in after)

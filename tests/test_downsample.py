@@ -71,7 +71,7 @@ KINDS = ["gauss", "integer", "binary", "ties", "offset", "scales"]
 @pytest.mark.parametrize("kind", KINDS)
 def test_max_variance_matches_brute_force(kind):
     g = torch.Generator().manual_seed(KINDS.index(kind))
-    for seed_round in range(4):
+    for _ in range(4):
         for n in range(1, 13):
             for m in range(1, n + 1):
                 r = make_rewards(kind, 6, n, g)

@@ -29,14 +29,36 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 # ---- the paper's settings (paper-facts.md) ----------------------------------------------------------------
 L40S = {  # single L40S, LoRA on a 4-bit base, 1 prompt per step, 6 h, eval of the 30-min checkpoints
-    "model.quantization": "4bit", "hardware.finetune": "lora", "hardware.lora.r": 64, "hardware.lora.alpha": 64,
-    "hardware.lora.target_modules": LORA_TARGETS, "rollout.name": "vllm", "rollout.gpu_memory_utilization": 0.5,
-    "optim.name": "adamw_8bit", "optim.lr": 5e-6, "optim.schedule": "constant", "optim.warmup_ratio": 0.0,
-    "optim.betas": [0.9, 0.99], "optim.weight_decay": 0.1, "optim.max_grad_norm": 0.1,
-    "sampling.temperature": 0.9, "sampling.max_tokens": 512, "dataset.max_prompt_length": 512,
-    "algorithm.beta": 0.0, "algorithm.epsilon": 0.2, "algorithm.loss_agg": "seq_mean", "algorithm.loss_temperature": "sampling", "train.prompts_per_step": 1, "train.group_repeats": 1, "train.time_budget_s": 6 * 3600,
-    "train.checkpoint_every_s": 1800, "eval.every_s": 1800, "eval.temperature": 0.9, "eval.repeats": 5,
-    "eval.max_tokens": 512, "eval.max_examples": None,
+    "model.quantization": "4bit",
+    "hardware.finetune": "lora",
+    "hardware.lora.r": 64,
+    "hardware.lora.alpha": 64,
+    "hardware.lora.target_modules": LORA_TARGETS,
+    "rollout.name": "vllm",
+    "rollout.gpu_memory_utilization": 0.5,
+    "optim.name": "adamw_8bit",
+    "optim.lr": 5e-6,
+    "optim.schedule": "constant",
+    "optim.warmup_ratio": 0.0,
+    "optim.betas": [0.9, 0.99],
+    "optim.weight_decay": 0.1,
+    "optim.max_grad_norm": 0.1,
+    "sampling.temperature": 0.9,
+    "sampling.max_tokens": 512,
+    "dataset.max_prompt_length": 512,
+    "algorithm.beta": 0.0,
+    "algorithm.epsilon": 0.2,
+    "algorithm.loss_agg": "seq_mean",
+    "algorithm.loss_temperature": "sampling",
+    "train.prompts_per_step": 1,
+    "train.group_repeats": 1,
+    "train.time_budget_s": 6 * 3600,
+    "train.checkpoint_every_s": 1800,
+    "eval.every_s": 1800,
+    "eval.temperature": 0.9,
+    "eval.repeats": 5,
+    "eval.max_tokens": 512,
+    "eval.max_examples": None,
 }
 QWEN3B, QWEN7B, LLAMA3B = "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-3B-Instruct"
 GRPO = {"algorithm.name": "grpo", "algorithm.rule": "all", "algorithm.grad_accum": False}
@@ -44,18 +66,55 @@ PODS = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algori
 RELEASE = {"dataset.prompt_format": "pods_instruct", "dataset.grader": "lenient"}  # the published Qwen runs' prompt and grader
 GSM8K = {**RELEASE, "dataset.name": "gsm8k", "dataset.recipe": "pods_release"}  # correctness + format bonus when wrong
 MATH = {**RELEASE, "dataset.name": "math", "dataset.recipe": "correctness"}  # MATH: correctness only
-LLAMA = {"model.path": LLAMA3B, "dataset.recipe": "pods_0c453d2", "algorithm.beta": 0.04, "train.time_budget_s": 5400, "train.checkpoint_every_s": 600, "eval.every_s": 600}
+LLAMA = {
+    "model.path": LLAMA3B,
+    "dataset.recipe": "pods_0c453d2",
+    "algorithm.beta": 0.04,
+    "train.time_budget_s": 5400,
+    "train.checkpoint_every_s": 600,
+    "eval.every_s": 600,
+}
 X8 = {  # 8 GPUs, full fine-tuning, 40 min, eval every 2 min of training time on the full GSM8K test set
-    "model.quantization": None, "hardware.finetune": "full", "hardware.dtype": "bfloat16", "hardware.gradient_checkpointing": True,
-    "rollout.name": "vllm", "optim.lr": 2e-5, "optim.schedule": "cosine", "optim.warmup_ratio": 0.1,
-    "sampling.temperature": 0.9, "sampling.max_tokens": 1024, "algorithm.beta": 0.0, "algorithm.epsilon": 0.2,
-    "train.time_budget_s": 40 * 60, "eval.every_s": 120, "eval.max_examples": None, "dataset.name": "gsm8k_open_r1",
-    "dataset.recipe": "open_r1", "dataset.grader": "math_verify_strict", "dataset.prompt_format": "open_r1",  # open-r1 style
-    "algorithm.loss_agg": "bnpo", "optim.betas": [0.9, 0.999], "sampling.top_k": 50,  # TRL 0.17 / HF Trainer defaults
+    "model.quantization": None,
+    "hardware.finetune": "full",
+    "hardware.dtype": "bfloat16",
+    "hardware.gradient_checkpointing": True,
+    "rollout.name": "vllm",
+    "optim.lr": 2e-5,
+    "optim.schedule": "cosine",
+    "optim.warmup_ratio": 0.1,
+    "sampling.temperature": 0.9,
+    "sampling.max_tokens": 1024,
+    "algorithm.beta": 0.0,
+    "algorithm.epsilon": 0.2,
+    "train.time_budget_s": 40 * 60,
+    "eval.every_s": 120,
+    "eval.max_examples": None,
+    "dataset.name": "gsm8k_open_r1",
+    "dataset.recipe": "open_r1",
+    "dataset.grader": "math_verify_strict",
+    "dataset.prompt_format": "open_r1",  # open-r1 style
+    "algorithm.loss_agg": "bnpo",
+    "optim.betas": [0.9, 0.999],
+    "sampling.top_k": 50,  # TRL 0.17 / HF Trainer defaults
     "hardware.micro_batch_size": 32,  # the per-GPU memory limit: GRPO-GA accumulates 16 x 32, PODS 4 x 32
 }
-GA_32 = {"algorithm.name": "grpo_ga", "algorithm.grad_accum": True, "algorithm.n": 32, "algorithm.m": 32, "train.prompts_per_step": 16, "train.group_repeats": 16}
-PODS_128_32 = {"algorithm.name": "grpo_pods", "algorithm.rule": "max_variance", "algorithm.n": 128, "algorithm.m": 32, "train.prompts_per_step": 4, "train.group_repeats": 4}
+GA_32 = {
+    "algorithm.name": "grpo_ga",
+    "algorithm.grad_accum": True,
+    "algorithm.n": 32,
+    "algorithm.m": 32,
+    "train.prompts_per_step": 16,
+    "train.group_repeats": 16,
+}
+PODS_128_32 = {
+    "algorithm.name": "grpo_pods",
+    "algorithm.rule": "max_variance",
+    "algorithm.n": 128,
+    "algorithm.m": 32,
+    "train.prompts_per_step": 4,
+    "train.group_repeats": 4,
+}
 
 PAPER = {
     "gsm8k_qwen3b_grpo_16_16_l40s": {**L40S, **GRPO, **GSM8K, "model.path": QWEN3B, "algorithm.n": 16, "algorithm.m": 16},
@@ -75,7 +134,11 @@ SEEDS_L40S, SEEDS_X8 = list(range(1, 11)), [11, 12, 13, 14, 15, 21, 22, 23, 24, 
 SWEEP_PAPER = {  # sweep -> (experiment it applies to, {swept key: values}, {fixed key: value})
     "n_sweep": ("gsm8k_qwen3b_pods_64_16_l40s", {"algorithm.n": [16, 32, 64, 128, 256], "seed": SEEDS_L40S}, {"algorithm.m": 16}),
     "m_sweep": ("gsm8k_qwen3b_pods_64_16_l40s", {"algorithm.m": [16, 8, 4, 2], "seed": SEEDS_L40S}, {"algorithm.n": 64}),
-    "rules": ("gsm8k_qwen3b_pods_64_16_l40s", {"algorithm.rule": ["max_variance", "max_reward", "random"], "seed": SEEDS_L40S}, {"algorithm.n": 64, "algorithm.m": 16}),
+    "rules": (
+        "gsm8k_qwen3b_pods_64_16_l40s",
+        {"algorithm.rule": ["max_variance", "max_reward", "random"], "seed": SEEDS_L40S},
+        {"algorithm.n": 64, "algorithm.m": 16},
+    ),
     "seeds_single_gpu": ("gsm8k_qwen3b_grpo_16_16_l40s", {"seed": SEEDS_L40S}, {}),
     "seeds_multi_gpu": ("gsm8k_qwen3b_pods_h100x8", {"seed": SEEDS_X8}, {}),
     "seeds_cpu": ("toy_pods_64_16_cpu", {"seed": [1, 2, 3, 4, 5]}, {}),
@@ -192,8 +255,11 @@ def test_cpu_comparison_arms_run_two_steps(tiny_dir, tmp_path):
 def test_mean_curves_interpolate_runs_onto_a_common_grid():
     from pods.plot import mean_curves
 
-    rows = [{"label": "A", "run_dir": d, "train_time": t, "accuracy": y} for d, pts in
-            {"s1": [(0, 0.0), (10, 1.0)], "s2": [(0, 0.2), (4, 0.4), (20, 0.4)]}.items() for t, y in pts]
+    rows = [
+        {"label": "A", "run_dir": d, "train_time": t, "accuracy": y}
+        for d, pts in {"s1": [(0, 0.0), (10, 1.0)], "s2": [(0, 0.2), (4, 0.4), (20, 0.4)]}.items()
+        for t, y in pts
+    ]
     got = {c["time"]: c for c in mean_curves(rows, grid=[0, 5, 20])}
     assert got[0]["mean"] == pytest.approx(0.1) and got[0]["runs"] == 2
     assert got[5]["mean"] == pytest.approx((0.5 + 0.4) / 2)  # s1 interpolated at 5 s

@@ -14,8 +14,12 @@ def test_llama_panel_plots_answer_and_format_accuracy(shared_dir, tmp_path):
 
     curves = plot("3-gsm8k-llama3b-l40s", tmp_path / "no-runs", tmp_path, shared_dir / "reference")
     with (shared_dir / "reference" / "pods_single_gpu_curves.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if (r["model"], r["train_set"], r["eval_set"], r["n"], r["m"], r["checkpoint_index"])
-                == ("Llama-3.2-3B-Instruct", "gsm8k", "gsm8k", "16", "16", "1")]
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if (r["model"], r["train_set"], r["eval_set"], r["n"], r["m"], r["checkpoint_index"])
+            == ("Llama-3.2-3B-Instruct", "gsm8k", "gsm8k", "16", "16", "1")
+        ]
     both = sum(float(r["both_acc"]) for r in rows) / len(rows)
     ans = sum(float(r["ans_acc"]) for r in rows) / len(rows)
     point = next(c for c in curves if c["label"] == "GRPO 16/16" and c["time"] == pytest.approx(600.0))
@@ -48,9 +52,23 @@ def test_evaluation_logs_both_accuracy(tiny_dir):
     assert res["both_accuracy"] < res["format_accuracy"] or res["both_accuracy"] < res["accuracy"]  # not a copy of either
 
 
-TINY = ["model=tiny", "model.quantization=null", "hardware=cpu", "rollout=hf", "dataset=toy_arith", "optim.name=adamw", "train.max_steps=1",
-        "train.time_budget_s=null", "train.checkpoint_every_s=null", "eval.max_examples=4", "eval.repeats=1", "eval.every_s=null",
-        "sampling.max_tokens=8", "eval.max_tokens=8", "logger=none"]  # any paper experiment as a seconds-long CPU run
+TINY = [
+    "model=tiny",
+    "model.quantization=null",
+    "hardware=cpu",
+    "rollout=hf",
+    "dataset=toy_arith",
+    "optim.name=adamw",
+    "train.max_steps=1",
+    "train.time_budget_s=null",
+    "train.checkpoint_every_s=null",
+    "eval.max_examples=4",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "sampling.max_tokens=8",
+    "eval.max_tokens=8",
+    "logger=none",
+]  # any paper experiment as a seconds-long CPU run
 
 
 def test_run_key_ignores_bookkeeping_only():
@@ -98,7 +116,20 @@ def test_reproduce_figure_4n_after_figure_3_starts_no_run_twice(tiny_dir, tmp_pa
     from pods import runstore
 
     def run(name):
-        cmd = [sys.executable, "-m", "pods.figures", "reproduce", name, *TINY, "--launcher", "local", "--seeds", "1", "--runs", str(tmp_path / name)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pods.figures",
+            "reproduce",
+            name,
+            *TINY,
+            "--launcher",
+            "local",
+            "--seeds",
+            "1",
+            "--runs",
+            str(tmp_path / name),
+        ]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
 
     out3, out4 = run("3-gsm8k-qwen3b-l40s"), run("4-n")

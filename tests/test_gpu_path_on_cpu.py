@@ -24,8 +24,13 @@ ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=
 
 def _env() -> dict:
     return {
-        **os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING",
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
     }
 
 
@@ -65,9 +70,16 @@ def vllm_worker(out: Path) -> None:
     group_world = torch.distributed.get_world_size()
     engine.close()  # vLLM's shutdown destroys the default group it adopted: the loop closes after its last collective
     res = {
-        "rank": dist.rank, "backend": vcfg.parallel_config.distributed_executor_backend, "seed": vcfg.model_config.seed, "max_model_len": vcfg.model_config.max_model_len,
-        "worker_rank": worker_ranks[0], "worker_local_rank": worker_ranks[1], "completions": ro.completion_ids, "gathered": gathered.tolist(),
-        "group_world": group_world, "group_after_close": torch.distributed.is_initialized(),
+        "rank": dist.rank,
+        "backend": vcfg.parallel_config.distributed_executor_backend,
+        "seed": vcfg.model_config.seed,
+        "max_model_len": vcfg.model_config.max_model_len,
+        "worker_rank": worker_ranks[0],
+        "worker_local_rank": worker_ranks[1],
+        "completions": ro.completion_ids,
+        "gathered": gathered.tolist(),
+        "group_world": group_world,
+        "group_after_close": torch.distributed.is_initialized(),
     }
     (out / f"rank{dist.rank}.json").write_text(json.dumps(res))
 
@@ -197,7 +209,11 @@ def test_lora_export_dequantises_every_4bit_layer_in_and_outside_target_modules(
             if "lora_B" in n:
                 p.normal_(0, 0.05)  # a trained adapter: B != 0
     expect = copy.deepcopy(backend.model).merge_and_unload().state_dict()
-    linears = [m for n, m in backend.model.get_base_model().named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n and "lora_" not in n]
+    linears = [
+        m
+        for n, m in backend.model.get_base_model().named_modules()
+        if isinstance(m, torch.nn.Linear) and ".layers." in n and "lora_" not in n
+    ]
     assert len(linears) == 2 * 7  # 2 layers x (q k v o gate up down), q_proj's base_layer included
     for m in linears:
         _pack(m)
@@ -249,8 +265,21 @@ def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, 
 
     monkeypatch.setitem(BACKENDS._items, "rounded_base", RoundedBase)
     monkeypatch.setitem(ENGINES._items, "measured_vllm", Measured)
-    cfg = shrink(compose([*ENGINE, "rollout.name=measured_vllm", "hardware.backend=rounded_base", "hardware.finetune=lora", "hardware.torch_threads=1",
-                          "algorithm=grpo", "algorithm.n=4", "train.prompts_per_step=1"]), steps=1)
+    cfg = shrink(
+        compose(
+            [
+                *ENGINE,
+                "rollout.name=measured_vllm",
+                "hardware.backend=rounded_base",
+                "hardware.finetune=lora",
+                "hardware.torch_threads=1",
+                "algorithm=grpo",
+                "algorithm.n=4",
+                "train.prompts_per_step=1",
+            ]
+        ),
+        steps=1,
+    )
     train(cfg, tmp_path)
     assert len(gaps) >= 2  # the first evaluation, then step 1's rollouts
     assert max(gaps[:2]) < 1e-4, gaps
@@ -295,7 +324,9 @@ def test_deepspeed_shards_load_without_unpickling_code(tmp_path):
     GPUs; the ZeRO-3 resume is tests/test_deepspeed_on_cpu.py's."""
     env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".cache" / "torch_extensions")
-    p = subprocess.run([sys.executable, str(Path(__file__)), "shards", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__)), "shards", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((tmp_path / "shards.json").read_text())
     assert res["moved"] > 1e-4 and res["restored"] == 0.0
@@ -341,7 +372,14 @@ def _setup(tmp_path: Path, gpus: int | None, **env) -> subprocess.CompletedProce
     script = 'set -uo pipefail; source slurm/common.sh; pods_setup >/dev/null; echo "GPUS=$PODS_GPUS"; printf "ARG=%s\\n" ${PODS_ARGS[@]+"${PODS_ARGS[@]}"}'
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PODS_"))}
     path = os.pathsep.join([str(bindir), "/usr/bin", "/bin"])
-    return subprocess.run(["bash", "-c", script], cwd=ROOT, env={**clean, "PATH": path, "PODS_ROOT": str(ROOT), **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env={**clean, "PATH": path, "PODS_ROOT": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_gpu_scripts_fail_without_a_gpu_unless_cpu_is_asked_for(tmp_path):
@@ -446,7 +484,10 @@ def test_checkpoint_rng_states_round_trip_through_weights_only(tmp_path):
 def _run(tmp_path: Path, overrides: list[str], steps: int = 3) -> Path:
     from pods.loop import train
 
-    cfg = shrink(compose(["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2", "train.prompts_per_step=1", "eval.at_start=false", *overrides]), steps=steps)
+    cfg = shrink(
+        compose(["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2", "train.prompts_per_step=1", "eval.at_start=false", *overrides]),
+        steps=steps,
+    )
     train(cfg, tmp_path)
     return tmp_path / "checkpoints"
 
@@ -479,7 +520,9 @@ def test_prune_deletes_old_shards_and_unfinished_ones(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003.pt", "step_000003.shards"]
 
 
-@pytest.mark.parametrize("bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5", "+hardware.dist_timeout_s=0"])
+@pytest.mark.parametrize(
+    "bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5", "+hardware.dist_timeout_s=0"]
+)
 def test_checkpoint_settings_are_validated(bad):
     from pods.config import ConfigError, validate
 
@@ -519,9 +562,40 @@ def test_cuda12_extra_resolves_on_linux(tmp_path):
     import json
 
     reqs = [r for r in _extras()["gpu-cuda12"] if not r.startswith("deepspeed")] + ["peft>=0.17", "datasets>=3.0"]
-    platforms = [a for p in ("manylinux_2_17", "manylinux2014", "manylinux_2_24", "manylinux_2_27", "manylinux_2_28", "manylinux_2_31", "manylinux_2_34", "manylinux_2_35") for a in ("--platform", f"{p}_x86_64")]
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--only-binary=:all:", *platforms, "--python-version", "3.11",
-           "--target", str(tmp_path / "t"), "--index-url", "https://pypi.org/simple", "--report", str(tmp_path / "r.json"), *reqs]
+    platforms = [
+        a
+        for p in (
+            "manylinux_2_17",
+            "manylinux2014",
+            "manylinux_2_24",
+            "manylinux_2_27",
+            "manylinux_2_28",
+            "manylinux_2_31",
+            "manylinux_2_34",
+            "manylinux_2_35",
+        )
+        for a in ("--platform", f"{p}_x86_64")
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--dry-run",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        *platforms,
+        "--python-version",
+        "3.11",
+        "--target",
+        str(tmp_path / "t"),
+        "--index-url",
+        "https://pypi.org/simple",
+        "--report",
+        str(tmp_path / "r.json"),
+        *reqs,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"} | {"PIP_CONFIG_FILE": os.devnull}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if p.returncode and ("Network is unreachable" in p.stderr or "Failed to establish" in p.stderr):

@@ -12,7 +12,13 @@ from pods.schedules import SCHEDULES
 
 def test_clipped_surrogate_matches_hand_values():
     # per token: (log-ratio, advantage) -> expected loss, clipped?
-    cases = [(0.5, 1.0, -1.2, True), (0.5, -1.0, math.exp(0.5), False), (math.log(0.5), 1.0, -0.5, False), (math.log(0.5), -1.0, 0.8, True), (0.0, 2.0, -2.0, False)]
+    cases = [
+        (0.5, 1.0, -1.2, True),
+        (0.5, -1.0, math.exp(0.5), False),
+        (math.log(0.5), 1.0, -0.5, False),
+        (math.log(0.5), -1.0, 0.8, True),
+        (0.0, 2.0, -2.0, False),
+    ]
     old = torch.zeros(len(cases), 1)
     logp = torch.tensor([[c[0]] for c in cases])
     adv = torch.tensor([c[1] for c in cases])
@@ -169,7 +175,9 @@ def test_bnpo_is_exact_under_gradient_accumulation(mbs):
 
     def run(size):
         pol = _LinearPolicy().backend
-        batch = TrainBatch(torch.zeros(5, 6, dtype=torch.long), torch.ones(5, 6), 2, mask.clone(), adv, feats, group=torch.tensor([0, 0, 1, 1, 2]))
+        batch = TrainBatch(
+            torch.zeros(5, 6, dtype=torch.long), torch.ones(5, 6), 2, mask.clone(), adv, feats, group=torch.tensor([0, 0, 1, 1, 2])
+        )
         out = pol.update(batch, lr=0.0, micro_batch_size=size)
         return out["loss"], out["grad_norm"]
 
@@ -184,7 +192,6 @@ def test_loss_temperature_option():
     """algorithm.loss_temperature: 'sampling' divides the logits by the sampling T; 1.0 = the raw logits
     (the authors' TRL 0.14 loss); anything else is a one-line config error."""
     from conftest import compose
-
     from pods.backends.base import loss_temperature
     from pods.config import ConfigError, validate
 

@@ -25,9 +25,13 @@ def test_a_non_editable_install_ships_the_config_tree(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pods.train", *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pods.train", *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
 
-    where = subprocess.run([sys.executable, "-c", "import pods; print(pods.__file__)"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import pods; print(pods.__file__)"], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
     assert where.stdout.strip().startswith(str(site)), where.stdout  # the installed copy, not the repository
     shown = run("--cfg", "job", "experiment=demo_pods_cpu")
     assert shown.returncode == 0 and "name: grpo_pods" in shown.stdout, shown.stderr[-2000:]

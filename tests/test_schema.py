@@ -39,8 +39,14 @@ def test_every_config_passes_and_comes_back_complete(overrides):
 
 def test_a_dict_caller_gets_the_schema_defaults():
     cfg = compose([])
-    for section, key in [("algorithm", "token_rule"), ("algorithm", "correction"), ("train", "keep_checkpoints"), ("eval", "at_start"),
-                         ("hardware", "logprob_chunk_tokens"), ("optim", "warmup_ratio")]:
+    for section, key in [
+        ("algorithm", "token_rule"),
+        ("algorithm", "correction"),
+        ("train", "keep_checkpoints"),
+        ("eval", "at_start"),
+        ("hardware", "logprob_chunk_tokens"),
+        ("optim", "warmup_ratio"),
+    ]:
         del cfg[section][key]
     del cfg["sampling"]
     out = schema.check(cfg)
@@ -95,8 +101,13 @@ def test_closest_key_for_keys_hydra_did_not_have():
     from pods.schema_errors import closest_key
 
     assert closest_key("optim.lrr").startswith("optim.lrr: unknown key; did you mean 'optim.lr'?")
-    assert closest_key("rollout.gpu_memory_utilisation").startswith("rollout.gpu_memory_utilisation: unknown key; did you mean 'rollout.gpu_memory_utilization'?")
-    assert closest_key("hardware.dist_backend") == "hardware.dist_backend is not set by the chosen group option: add it with +hardware.dist_backend=VALUE"
+    assert closest_key("rollout.gpu_memory_utilisation").startswith(
+        "rollout.gpu_memory_utilisation: unknown key; did you mean 'rollout.gpu_memory_utilization'?"
+    )
+    assert (
+        closest_key("hardware.dist_backend")
+        == "hardware.dist_backend is not set by the chosen group option: add it with +hardware.dist_backend=VALUE"
+    )
     assert closest_key("seed.x") == "seed.x: unknown key ('seed' is not a section)"
 
 
@@ -105,6 +116,8 @@ def test_config_nodes_are_the_schema_defaults_and_validate():
     keys of a real option added they pass the schema unchanged."""
     nodes = schema.nodes()
     assert nodes["_schema"]["train"] == schema.Train().model_dump()
-    assert nodes["algorithm/_base"] == {k: v for k, v in schema.Algorithm(name="x", n=2, m=1, rule="all").model_dump().items() if k not in ("name", "n", "m", "rule")}
+    assert nodes["algorithm/_base"] == {
+        k: v for k, v in schema.Algorithm(name="x", n=2, m=1, rule="all").model_dump().items() if k not in ("name", "n", "m", "rule")
+    }
     full = {**nodes["hardware/_base"], "name": "x"}
     assert schema.Hardware.model_validate(full).model_dump() == full

@@ -39,8 +39,12 @@ def cluster():
 
 def job_env(cluster: LocalCluster, **kw) -> dict:
     return {
-        **cluster.env, "PODS_ROOT": str(ROOT), "PODS_PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")), **kw,
+        **cluster.env,
+        "PODS_ROOT": str(ROOT),
+        "PODS_PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
+        **kw,
     }
 
 
@@ -53,8 +57,21 @@ def test_hydra_multirun_through_the_submitit_launcher(cluster, tiny_dir, tmp_pat
     """Two seeds of a tiny experiment as a SLURM job array (hydra/launcher=slurm_cpu); both runs write metrics.
     Seed 1's job is pre-empted on the way (submitit's SIGUSR2): submitit requeues it and the requeued job resumes
     from the run's latest checkpoint (train.resume=auto from the sweep file)."""
-    cmd = [sys.executable, "-m", "pods.train", "-m", "hydra/launcher=slurm_cpu", "experiment=toy_pods_64_16_cpu", "+sweep=seeds_cpu",
-           "seed=1,2", "train.max_steps=null", "train.time_budget_s=12", "train.checkpoint_every_steps=2", *EVAL, f"hydra.sweep.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pods.train",
+        "-m",
+        "hydra/launcher=slurm_cpu",
+        "experiment=toy_pods_64_16_cpu",
+        "+sweep=seeds_cpu",
+        "seed=1,2",
+        "train.max_steps=null",
+        "train.time_budget_s=12",
+        "train.checkpoint_every_steps=2",
+        *EVAL,
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=job_env(cluster))
     deadline = time.time() + 240
     while not list(tmp_path.glob("*seed=1*/checkpoints/step_000002.pt")):
@@ -84,7 +101,14 @@ def test_1gpu_script_runs_on_cpu_checkpoints_on_the_warning_requeues_and_resumes
     run checkpoint and exit, the script requeues the job, and the requeued job resumes to the end."""
     run_dir = tmp_path / "run"
     args = ["experiment=toy_grpo_16_16_cpu", "train.max_steps=null", "train.time_budget_s=12", "eval.at_start=false", *EVAL]
-    job = sbatch(cluster, "run_1gpu.sbatch", args, tmp_path, job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_ALLOW_CPU="1"), ["--cpus-per-task=2", "--mem=2G"])
+    job = sbatch(
+        cluster,
+        "run_1gpu.sbatch",
+        args,
+        tmp_path,
+        job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_ALLOW_CPU="1"),
+        ["--cpus-per-task=2", "--mem=2G"],
+    )
     deadline = time.time() + 180  # generous: the tests may share 2 cores with others
     while not (run_dir / "metrics.jsonl").exists() or not read_metrics(run_dir / "metrics.jsonl", "train"):
         assert time.time() < deadline and cluster.state(job) in ("PENDING", "RUNNING", "UNKNOWN"), (cluster.state(job), cluster.logs())

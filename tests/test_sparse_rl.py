@@ -123,12 +123,15 @@ def test_paper_setting_values_are_pinned():
     assert DEFAULTS == {"veto": 1e-4, "band_low": 0.5, "band_high": 1.5, "cap": 1.5, "log_ratio_clamp": 20.0, "weight_norm": "valid"}
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["rollout=sparse_hf", "rollout.budget=10", "rollout.interval=4"], "rollout.budget"),
-    (["rollout=sparse_hf", "rollout.method=h2o"], "rollout.method"),
-    (["algorithm.correction=sparse_rl", "+algorithm.sparse_rl.weight_norm=seq"], "algorithm.sparse_rl.weight_norm"),
-    (["algorithm.correction=sparse_rl", "+algorithm.sparse_rl.band_low=2.0"], "algorithm.sparse_rl.band_low"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["rollout=sparse_hf", "rollout.budget=10", "rollout.interval=4"], "rollout.budget"),
+        (["rollout=sparse_hf", "rollout.method=h2o"], "rollout.method"),
+        (["algorithm.correction=sparse_rl", "+algorithm.sparse_rl.weight_norm=seq"], "algorithm.sparse_rl.weight_norm"),
+        (["algorithm.correction=sparse_rl", "+algorithm.sparse_rl.band_low=2.0"], "algorithm.sparse_rl.band_low"),
+    ],
+)
 def test_bad_sparse_rl_settings_fail_with_the_key(overrides, key):
     from pods.config import validate
 

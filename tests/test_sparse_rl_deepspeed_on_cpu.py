@@ -45,7 +45,9 @@ def worker(out: Path) -> None:
     masks, tw = dist.gather_object(batch.loss_mask), dist.gather_object(batch.token_weights)
     weights = weights_of(backend)  # a collective under ZeRO-3
     if dist.is_main:
-        torch.save({"mask": torch.cat(masks), "tw": torch.cat(tw), "metrics": metrics, "stats": stats, "weights": weights}, out / "srl_zero3.pt")
+        torch.save(
+            {"mask": torch.cat(masks), "tw": torch.cat(tw), "metrics": metrics, "stats": stats, "weights": weights}, out / "srl_zero3.pt"
+        )
     print(f"[worker] rank {dist.rank} done", flush=True)
     dist.barrier()
 

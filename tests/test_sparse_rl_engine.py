@@ -22,7 +22,10 @@ def model_tok(tiny_dir):
 
 
 def _prompts(tok, k=3):
-    msgs = [[{"role": "user", "content": f"What is {a} + {b}? Answer in format: 'Answer: {{result}}'"}] for a, b in [(12, 34), (56, 7), (99, 99)][:k]]
+    msgs = [
+        [{"role": "user", "content": f"What is {a} + {b}? Answer in format: 'Answer: {{result}}'"}]
+        for a, b in [(12, 34), (56, 7), (99, 99)][:k]
+    ]
     return [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)) for m in msgs]
 
 
@@ -32,7 +35,9 @@ def test_large_budget_equals_dense_hf_engine(model_tok, tiny_dir):
     s = Sampling(temperature=0.0, max_tokens=20)
     dense = ENGINES.get("hf")(tiny_dir, tok, {}, policy=model).generate(prompts, 2, s)
     for method in ("sink_window", "snapkv", "rkv"):
-        sparse = ENGINES.get("sparse_hf")(tiny_dir, tok, {"method": method, "budget": 512, "interval": 16}, policy=model).generate(prompts, 2, s)
+        sparse = ENGINES.get("sparse_hf")(tiny_dir, tok, {"method": method, "budget": 512, "interval": 16}, policy=model).generate(
+            prompts, 2, s
+        )
         assert sparse.completion_ids == dense.completion_ids
         for a, b in zip(sparse.logprobs, dense.logprobs):
             assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
@@ -58,7 +63,9 @@ def test_small_budget_bounds_the_cache_and_logprobs_match_the_kept_cache(model_t
     prompts = _prompts(tok, 1)
     P = len(prompts[0])
     budget, interval = P + 2, 2
-    eng = ENGINES.get("sparse_hf")(tiny_dir, tok, {"method": method, "budget": budget, "interval": interval, "window": 4, "sink": 2, "record_kept": True}, policy=model)
+    eng = ENGINES.get("sparse_hf")(
+        tiny_dir, tok, {"method": method, "budget": budget, "interval": interval, "window": 4, "sink": 2, "record_kept": True}, policy=model
+    )
     torch.manual_seed(1)
     ro = eng.generate(prompts, 1, Sampling(temperature=1.0, max_tokens=24, stop=()))
     comp, lps = ro.completion_ids[0], ro.logprobs[0]

@@ -28,8 +28,22 @@ def _run(*args: str, rows=ROWS, tmp_path: Path) -> subprocess.CompletedProcess:
 def test_cli_grades_reports_malformed_rows_and_summarises(tmp_path):
     out = tmp_path / "out" / "graded.jsonl"
     rows = ROWS[:3] + ROWS[4:]  # a gold answer per row
-    proc = _run("--task", "gsm8k", "--grader", "math_verify", "--recipe", "pods_release", "--input", str(tmp_path / "in.jsonl"),
-                "--output", str(out), "--timeout", "5", rows=rows, tmp_path=tmp_path)
+    proc = _run(
+        "--task",
+        "gsm8k",
+        "--grader",
+        "math_verify",
+        "--recipe",
+        "pods_release",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(out),
+        "--timeout",
+        "5",
+        rows=rows,
+        tmp_path=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "in.jsonl:3: malformed row skipped: invalid JSON" in proc.stderr
     assert "in.jsonl:4: malformed row skipped: missing or non-string 'completion'" in proc.stderr
@@ -43,8 +57,17 @@ def test_cli_grades_reports_malformed_rows_and_summarises(tmp_path):
 
 def test_cli_gold_from_solution(tmp_path):
     out = tmp_path / "graded.jsonl"
-    proc = _run("--task", "gsm8k", "--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--gold-from-solution",
-                rows=[ROWS[3], {"completion": "18", "answer": "no final answer marker"}], tmp_path=tmp_path)
+    proc = _run(
+        "--task",
+        "gsm8k",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(out),
+        "--gold-from-solution",
+        rows=[ROWS[3], {"completion": "18", "answer": "no final answer marker"}],
+        tmp_path=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "in.jsonl:2: malformed row skipped: no gold answer found in the solution ('####')" in proc.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
@@ -54,6 +77,15 @@ def test_cli_gold_from_solution(tmp_path):
 def test_cli_bad_arguments_exit_2(tmp_path):
     missing = _run("--task", "gsm8k", "--input", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "o.jsonl"), tmp_path=tmp_path)
     assert missing.returncode == 2 and "--input: file not found" in missing.stderr
-    unknown = _run("--task", "gsm8k", "--grader", "nope", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"),
-                   tmp_path=tmp_path)
+    unknown = _run(
+        "--task",
+        "gsm8k",
+        "--grader",
+        "nope",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        tmp_path=tmp_path,
+    )
     assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr

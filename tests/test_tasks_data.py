@@ -135,7 +135,9 @@ def _cfg(name: str, **overrides) -> dict:
 
 
 def test_gsm8k_loads_from_local_jsonl_with_the_datasets_loader(shared):
-    data = DATASETS.get("gsm8k")(_cfg("gsm8k", train_files=str(shared / "gsm8k" / "train.jsonl"), test_files=[str(shared / "gsm8k" / "test.jsonl")]))
+    data = DATASETS.get("gsm8k")(
+        _cfg("gsm8k", train_files=str(shared / "gsm8k" / "train.jsonl"), test_files=[str(shared / "gsm8k" / "test.jsonl")])
+    )
     assert (len(data.train), len(data.test)) == (7473, 1319)
     ex = data.test[0]
     assert ex.gold == "18" and ex.prompt_text is None
@@ -203,7 +205,6 @@ def test_group_repeats_gives_each_rank_one_prompt_repeated_in_its_groups():
 
 def test_group_repeats_must_divide_prompts_per_step():
     from conftest import compose
-
     from pods.config import ConfigError, validate
     from pods.data import PromptSampler
 

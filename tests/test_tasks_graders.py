@@ -75,11 +75,27 @@ def test_tricky_table_through_the_worker_pool_agrees():
         assert [s.correct for s in scores] == [r[column] for r in TABLE]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("18", "18"), ("18.0", "18"), ("18.00", "18"), ("$18", "18"), ("\\$18", "18"), ("1,000", "1000"), ("1,\\!000", "1000"),
-    ("1,2", "1,2"), ("0.5", "\\frac{1}{2}"), ("\\dfrac12", "\\frac{1}{2}"), ("x = 5", "5"), ("\\text{Devon}", "devon"),
-    ("30^\\circ", "30"), ("5\\%", "5"), ("\\left( 1, 2 \\right)", "(1,2)"), ("-0.0", "0"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("18", "18"),
+        ("18.0", "18"),
+        ("18.00", "18"),
+        ("$18", "18"),
+        ("\\$18", "18"),
+        ("1,000", "1000"),
+        ("1,\\!000", "1000"),
+        ("1,2", "1,2"),
+        ("0.5", "\\frac{1}{2}"),
+        ("\\dfrac12", "\\frac{1}{2}"),
+        ("x = 5", "5"),
+        ("\\text{Devon}", "devon"),
+        ("30^\\circ", "30"),
+        ("5\\%", "5"),
+        ("\\left( 1, 2 \\right)", "(1,2)"),
+        ("-0.0", "0"),
+    ],
+)
 def test_normalize(text, expected):
     assert normalize(text) == expected
 

@@ -77,9 +77,46 @@ def test_functions_a_worker_cannot_import_are_scored_in_process_with_a_warning(m
 
 def _adversarial(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    latex = ["\\frac{", "}{", "}", "{", "\\sqrt{", "^", "_", "\\boxed{", "\\left(", "\\right)", "(", ")", "[", "]",
-             "\\text{", "$", "\\$", "9", "99999", "x", "\\cdot", "!", "\\sum_{i=1}^{", "\\int", "\\infty", "=", ",", "\\\\",
-             "<answer>", "</answer>", "<think>", "</think>", "####", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "e", "."]
+    latex = [
+        "\\frac{",
+        "}{",
+        "}",
+        "{",
+        "\\sqrt{",
+        "^",
+        "_",
+        "\\boxed{",
+        "\\left(",
+        "\\right)",
+        "(",
+        ")",
+        "[",
+        "]",
+        "\\text{",
+        "$",
+        "\\$",
+        "9",
+        "99999",
+        "x",
+        "\\cdot",
+        "!",
+        "\\sum_{i=1}^{",
+        "\\int",
+        "\\infty",
+        "=",
+        ",",
+        "\\\\",
+        "<answer>",
+        "</answer>",
+        "<think>",
+        "</think>",
+        "####",
+        "\\begin{pmatrix}",
+        "\\end{pmatrix}",
+        "&",
+        "e",
+        ".",
+    ]
     uni = ["∞", "√", "½", "٣", "𝟙𝟠", "\u202e", "\u0301", "\ufeff", "😀", "\x00", "\ud800", "中文", "Ⅻ"]
     makers = [
         lambda: "\\boxed{" + "9^{" * rng.randint(2, 60) + "9" + "}" * rng.randint(0, 60) + "}",
@@ -95,7 +132,9 @@ def _adversarial(n: int, seed: int = 0) -> list[str]:
         lambda: "<think>\n" * rng.randint(100, 20_000) + "\n</think>\n<answer>\n" * rng.randint(1, 3000),
         lambda: "x" * rng.randint(10_000, 300_000) + " \\boxed{18}",
         lambda: "\\boxed{" + "+".join(["x^{" + str(rng.randint(1, 99)) + "}"] * rng.randint(100, 3000)) + "}",
-        lambda: "\\boxed{\\begin{pmatrix}" + "&".join(["1"] * rng.randint(10, 500)) + "\\end{pmatrix}^{" + str(rng.randint(2, 10**6)) + "}}",
+        lambda: (
+            "\\boxed{\\begin{pmatrix}" + "&".join(["1"] * rng.randint(10, 500)) + "\\end{pmatrix}^{" + str(rng.randint(2, 10**6)) + "}}"
+        ),
         lambda: "#### " + "-" * rng.randint(1, 1000) + "1e" + str(rng.randint(10, 10**9)),
         lambda: "\\boxed{\\sum_{i=1}^{10^{" + str(rng.randint(5, 100)) + "}} i^{" + str(rng.randint(2, 999)) + "}}",
     ]

@@ -63,7 +63,9 @@ def recompute_gap(backend, prompts, ro) -> float:
     """Largest |sampler log-prob - the trainer's log-prob| over the completion tokens of ``ro``."""
     from pods.backends import build_batch
 
-    batch = build_batch([prompts[i // ro.n] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0)
+    batch = build_batch(
+        [prompts[i // ro.n] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0
+    )
     return float(((backend.policy_logprobs(batch) - batch.sampler_logprobs).abs() * batch.loss_mask).max())
 
 
@@ -181,7 +183,9 @@ def test_sync_into_engine_process(tiny_dir, tok, prompts):
     eng = ENGINES.get("vllm")(tiny_dir, tok, cfg["rollout"])
     try:
         ro = eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))
-        batch = build_batch([prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
+        batch = build_batch(
+            [prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0
+        )
         backend.update(batch, lr=1e-3)
         eng.load_weights(backend.export_weights())
         assert recompute_gap(backend, prompts, eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))) < TOL

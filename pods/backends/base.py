@@ -49,7 +49,7 @@ def _hf_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def token_stats(model, mb: "TrainBatch", temperature: float, chunk_tokens: int | None, entropy: bool = False) -> TokenStats:
+def token_stats(model, mb: TrainBatch, temperature: float, chunk_tokens: int | None, entropy: bool = False) -> TokenStats:
     """Run ``model`` (plain, peft, or a DeepSpeed engine) on ``mb`` and return its completion tokens' stats.
 
     The model itself computes logits for its last position only (``logits_to_keep=1``); the final hidden
@@ -100,18 +100,25 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, start: int, stop: int) -> "TrainBatch":
+    def rows(self, start: int, stop: int) -> TrainBatch:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
             out[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
         return TrainBatch(**out)
 
-    def to(self, device) -> "TrainBatch":
+    def to(self, device) -> TrainBatch:
         return TrainBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
 
 
-def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_logprobs: list[list[float]], advantages, pad_id: int, groups: list[int] | None = None) -> TrainBatch:
+def build_batch(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    sampler_logprobs: list[list[float]],
+    advantages,
+    pad_id: int,
+    groups: list[int] | None = None,
+) -> TrainBatch:
     """Stack sequences i = prompts[i] + completions[i] into a TrainBatch (CPU tensors); ``groups[i]`` = prompt group of row i."""
     P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
     ids, attn, lmask, slp = [], [], [], []
@@ -121,8 +128,12 @@ def build_batch(prompts: list[list[int]], completions: list[list[int]], sampler_
         lmask.append([1.0] * len(c) + [0.0] * (C - len(c)))
         slp.append(list(lp) + [0.0] * (C - len(lp)))
     return TrainBatch(
-        input_ids=torch.tensor(ids), attention_mask=torch.tensor(attn), prompt_width=P, loss_mask=torch.tensor(lmask),
-        advantages=torch.as_tensor(advantages, dtype=torch.float32), sampler_logprobs=torch.tensor(slp),
+        input_ids=torch.tensor(ids),
+        attention_mask=torch.tensor(attn),
+        prompt_width=P,
+        loss_mask=torch.tensor(lmask),
+        advantages=torch.as_tensor(advantages, dtype=torch.float32),
+        sampler_logprobs=torch.tensor(slp),
         group=torch.tensor(groups, dtype=torch.long) if groups is not None else None,
     )
 
@@ -205,4 +216,10 @@ class Backend:
             grad_norms.append(self.optimizer_step(lr))
         epochs = a.get("ppo_epochs", 1)
         denom = max(n_tokens, 1) * epochs
-        return {"loss": sums["loss"] / epochs, "kl": sums["kl"] / denom, "clip_frac": sums["clip_frac"] / denom, "grad_norm": grad_norms[-1], "lr": lr}
+        return {
+            "loss": sums["loss"] / epochs,
+            "kl": sums["kl"] / denom,
+            "clip_frac": sums["clip_frac"] / denom,
+            "grad_norm": grad_norms[-1],
+            "lr": lr,
+        }

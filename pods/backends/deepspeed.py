@@ -60,10 +60,16 @@ def ds_config(cfg: dict) -> dict:
         "gradient_accumulation_steps": 1,  # the loop accumulates (Backend.update): DeepSpeed must not rescale
         "managed_gradient_accumulation": False,  # engine.step() is the accumulation boundary
         "gradient_clipping": float(o.get("max_grad_norm") or 0.0),
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": float(o["lr"]), "betas": list(o["betas"]), "eps": float(o["eps"]), "weight_decay": float(o["weight_decay"]),
-            "torch_adam": _torch_adam(hw),
-        }},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": float(o["lr"]),
+                "betas": list(o["betas"]),
+                "eps": float(o["eps"]),
+                "weight_decay": float(o["weight_decay"]),
+                "torch_adam": _torch_adam(hw),
+            },
+        },
         "bf16": {"enabled": hw["dtype"] == "bfloat16"},
         "fp16": {"enabled": hw["dtype"] == "float16"},
         "zero_optimization": zero,
@@ -83,8 +89,10 @@ def _torch_adam(hw: dict) -> bool:
     torch_adam = bool((hw.get("deepspeed") or {}).get("torch_adam", True))
     no_nvcc = shutil.which("nvcc") is None and not os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc"))
     if not torch_adam and str(hw.get("device", "cpu")).startswith("cuda") and no_nvcc:
-        raise ConfigError("hardware.deepspeed.torch_adam=false: DeepSpeed's FusedAdam is JIT-built with nvcc at start-up and no CUDA toolkit "
-                          "was found (nvcc not on PATH, CUDA_HOME unset): set hardware.deepspeed.torch_adam=true or install nvcc of torch's CUDA")
+        raise ConfigError(
+            "hardware.deepspeed.torch_adam=false: DeepSpeed's FusedAdam is JIT-built with nvcc at start-up and no CUDA toolkit "
+            "was found (nvcc not on PATH, CUDA_HOME unset): set hardware.deepspeed.torch_adam=true or install nvcc of torch's CUDA"
+        )
     return torch_adam
 
 
@@ -111,7 +119,9 @@ class DeepSpeedBackend(Backend):
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
         if not hasattr(deepspeed.DeepSpeedEngine, "managed_gradient_accumulation"):  # new in 2026 (0.19.x)
-            raise RuntimeError(f"deepspeed {deepspeed.__version__} lacks managed_gradient_accumulation, needed for exact accumulation: use >=0.19.8")
+            raise RuntimeError(
+                f"deepspeed {deepspeed.__version__} lacks managed_gradient_accumulation, needed for exact accumulation: use >=0.19.8"
+            )
         if not torch.distributed.is_initialized():
             raise RuntimeError("DeepSpeedBackend needs a process group: pods.distributed.init(hardware) creates it (hardware.dist_backend)")
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the group pods.distributed made

@@ -7,6 +7,7 @@ copy of the initial weights only when a KL term is used (beta > 0).
 from __future__ import annotations
 
 import copy
+
 import torch
 
 from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, loss_temperature, token_stats
@@ -56,7 +57,16 @@ class LocalBackend(Backend):
                 from peft import prepare_model_for_kbit_training
 
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(hw.get("gradient_checkpointing")))
-            model = get_peft_model(model, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"], target_modules=list(lc["target_modules"]), task_type="CAUSAL_LM"))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lc["r"],
+                    lora_alpha=lc["alpha"],
+                    lora_dropout=lc["dropout"],
+                    target_modules=list(lc["target_modules"]),
+                    task_type="CAUSAL_LM",
+                ),
+            )
         elif float(self.alg.get("beta") or 0) > 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from pods.engines.base import ENGINES, Rollouts, Sampling
+from pods.engines.base import Rollouts, Sampling
 
 
 class HFEngine:
@@ -16,7 +16,11 @@ class HFEngine:
             raise ValueError("the hf engine generates with the training model: pass policy=")
         self.policy, self.tok = policy, tokenizer
         self.max_batch = int(cfg.get("max_batch", 256))  # sequences per generate call
-        self.stop_ids = set(policy.generation_config.eos_token_id if isinstance(policy.generation_config.eos_token_id, list) else [policy.generation_config.eos_token_id])
+        self.stop_ids = set(
+            policy.generation_config.eos_token_id
+            if isinstance(policy.generation_config.eos_token_id, list)
+            else [policy.generation_config.eos_token_id]
+        )
         self.stop_ids.discard(None)
         self.stop_ids.add(tokenizer.eos_token_id)
 
@@ -53,8 +57,14 @@ class HFEngine:
         # would change the sampling distribution away from the log-probs reported below.
         sampling = {} if greedy else dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
         config = GenerationConfig(
-            do_sample=not greedy, max_new_tokens=s.max_tokens, pad_token_id=pad, eos_token_id=sorted(self.stop_ids),
-            stop_strings=list(s.stop) or None, return_dict_in_generate=True, output_logits=True, **sampling,
+            do_sample=not greedy,
+            max_new_tokens=s.max_tokens,
+            pad_token_id=pad,
+            eos_token_id=sorted(self.stop_ids),
+            stop_strings=list(s.stop) or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **sampling,
         )
         if s.seed is not None:
             torch.manual_seed(s.seed)
@@ -76,4 +86,3 @@ class HFEngine:
             out_lp.append(row_lp[:keep])
             reasons.append("length" if end is None else "stop")
         return out_ids, out_lp, reasons
-

@@ -30,7 +30,9 @@ def check(cfg: dict) -> dict:
     KV_POLICIES.get(c["method"])
     floor = c["sink"] if c["method"] == "sink_window" else c["window"]
     if not c["interval"] >= 1 or c["budget"] - c["interval"] <= floor:
-        raise ValueError(f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c['budget']} - {c['interval']}")
+        raise ValueError(
+            f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c['budget']} - {c['interval']}"
+        )
     return c
 
 
@@ -171,4 +173,3 @@ class SparseHFEngine:
             keep = len(toks[b]) if end is None else end + 1
             out.append((toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", P + keep - 1, int(peak[b])))
         return out
-

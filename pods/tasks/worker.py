@@ -36,7 +36,7 @@ def main() -> None:
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs every inner failure
 
     from pods.tasks import graders
-    from pods.tasks.guard import READY, _HEADER, frame
+    from pods.tasks.guard import _HEADER, READY, frame
 
     graders.warm_up()  # import sympy/antlr and build the parser before the first deadline starts
     out.write(frame(READY))
