@@ -1,0 +1,119 @@
+"""The architectures of the paper's models, as their config.json files give them (numbers only, no weights).
+
+Used where a model's shape is needed without its files: the memory estimate (``pods.memory``) of a run whose model
+is a hub id not on this machine, and the GPU check (``benchmarks/bench_gpu.py``), which builds random-initialised
+models of the exact architectures. ``model_config(model_cfg)`` reads a local directory's config.json when the
+model section points at one, else the table below by hub id, else the tiny model's spec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The fields of each model's config.json that fix its shape (Qwen2.5: tied embeddings on 3B only).
+ARCHITECTURES: dict[str, dict] = {
+    "Qwen/Qwen2.5-3B-Instruct": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    },
+    "Qwen/Qwen2.5-7B-Instruct": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    },
+    "meta-llama/Llama-3.2-3B-Instruct": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+def tiny_config(spec: dict | None = None) -> dict:
+    """The tiny model's config.json fields, from ``pods.tiny.DEFAULT_SPEC`` updated by ``spec``."""
+    from pods.tiny import DEFAULT_SPEC
+
+    s = {**DEFAULT_SPEC, **(spec or {})}
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    out = {k: s[k] for k in keys}
+    out.update(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        max_position_embeddings=s["max_position_embeddings"],
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        torch_dtype="float32",
+    )
+    return out
+
+
+def model_config(model_cfg: dict) -> dict:
+    """config.json of the model a ``model`` config section names: a local directory's file, the table, or the tiny spec."""
+    path = model_cfg.get("path")
+    if model_cfg.get("builder") == "tiny":
+        return tiny_config(model_cfg.get("spec"))
+    if path and (Path(path) / "config.json").is_file():
+        return json.loads((Path(path) / "config.json").read_text())
+    if path in ARCHITECTURES:
+        return dict(ARCHITECTURES[path])
+    known = ", ".join(ARCHITECTURES)
+    raise ValueError(f"model.path={path!r}: no config.json there and not a known architecture ({known}); point model.path at a local model directory")
+
+
+def head_dim(arch: dict) -> int:
+    return int(arch.get("head_dim") or arch["hidden_size"] // arch["num_attention_heads"])
+
+
+def parameter_count(arch: dict) -> int:
+    """Parameters of a Qwen2/Llama decoder (Qwen2: q/k/v biases), embeddings counted once when tied."""
+    h, i, layers, v = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["vocab_size"]
+    hd, nq, nkv = head_dim(arch), arch["num_attention_heads"], arch["num_key_value_heads"]
+    attn = h * nq * hd + 2 * h * nkv * hd + nq * hd * h
+    if arch.get("model_type") == "qwen2":
+        attn += nq * hd + 2 * nkv * hd
+    per_layer = attn + 3 * h * i + 2 * h
+    emb = v * h * (1 if arch.get("tie_word_embeddings") else 2)
+    return layers * per_layer + emb + h
