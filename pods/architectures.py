@@ -100,7 +100,9 @@ def model_config(model_cfg: dict) -> dict:
     if path in ARCHITECTURES:
         return dict(ARCHITECTURES[path])
     known = ", ".join(ARCHITECTURES)
-    raise ValueError(f"model.path={path!r}: no config.json there and not a known architecture ({known}); point model.path at a local model directory")
+    raise ValueError(
+        f"model.path={path!r}: no config.json there and not a known architecture ({known}); point model.path at a local model directory"
+    )
 
 
 def head_dim(arch: dict) -> int:

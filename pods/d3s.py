@@ -45,13 +45,13 @@ def sample_count(alg: dict, progress: float) -> int:
 
     ``algorithm.m`` at p = 0, ``algorithm.m_final`` (null = m, no schedule) at p = 1, rounded half up.
     """
-    value = ramped(alg["m"], alg.get("m_final"), progress, alg.get("ramp") or "linear")
+    value = ramped(alg["m"], alg["m_final"], progress, alg["ramp"])
     return int(math.floor(value + 0.5))
 
 
 def token_fraction(alg: dict, progress: float) -> float:
     """K(p): fraction of the step's completion tokens kept, ``token_keep`` -> ``token_keep_final``."""
-    return ramped(alg["token_keep"], alg.get("token_keep_final"), progress, alg.get("ramp") or "linear")
+    return ramped(alg["token_keep"], alg["token_keep_final"], progress, alg["ramp"])
 
 
 # ---- sample level -------------------------------------------------------------------------------------------

@@ -21,10 +21,6 @@ from pods.log import get
 # How a logged per-rank value becomes the step's value: sums of counts, the slowest rank's timings
 # (the step waits for it), means for everything else (every rank holds the same number of groups and
 # rollouts, so a mean of per-rank means is the global mean).
-# Longest wait in any collective before the run fails (``hardware.dist_timeout_s``): it must cover the longest
-# one-sided work between two collectives (a ZeRO-3 save_pretrained gathered on rank 0, a slow checkpoint disk), and
-# turns a hung rank into an error instead of a job idling to its time limit.
-DEFAULT_TIMEOUT_S = 1800
 
 SUM_KEYS = {"kept", "tokens", "tokens_trained", "timeouts", "n_eval"}
 MAX_PREFIX = "t_"
@@ -144,14 +140,14 @@ def init(hw: dict) -> Dist:
     from pods.config import ConfigError
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not hw.get("dist_backend"):
+    if world > 1 and not hw["dist_backend"]:
         raise ConfigError(
             f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)"
         )
-    if not hw.get("dist_backend"):
+    if not hw["dist_backend"]:
         return Dist()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if str(hw.get("device", "cpu")).startswith("cuda"):
+    if hw["device"] == "cuda":
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
         if world == 1:
@@ -160,7 +156,7 @@ def init(hw: dict) -> Dist:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("LOCAL_RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
-        timeout = timedelta(seconds=float(hw.get("dist_timeout_s") or DEFAULT_TIMEOUT_S))  # a hung rank fails the run
+        timeout = timedelta(seconds=hw["dist_timeout_s"])  # a hung rank fails the run
         torch.distributed.init_process_group(backend=hw["dist_backend"], rank=rank, world_size=world, timeout=timeout)
         atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
     return Dist(rank, world, local_rank)

@@ -14,17 +14,17 @@ def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: dict, ds
     stream does not depend on how often evaluation runs."""
     sampling = Sampling(
         temperature=ev["temperature"],
-        top_p=ev.get("top_p", 1.0),
-        top_k=ev.get("top_k", -1),
+        top_p=ev["top_p"],
+        top_k=ev["top_k"],
         max_tokens=ev["max_tokens"],
         seed=seed,
-        stop=tuple(ev.get("stop") or ()),
+        stop=tuple(ev["stop"]),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ro = engine.generate(prompt_ids, ev["repeats"], sampling, progress=True)
     scores = score_batch(
-        ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds.get("grade_timeout_s", 5.0)
+        ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds["grade_timeout_s"]
     )
     k = len(scores)
     return {

@@ -244,7 +244,7 @@ def _launch(name: str, fig: Figure, cfg: dict, launcher: str, args: list[str], r
     elif launcher == "slurm":
         cmd = ["sbatch", "--parsable", f"--job-name=pods-{args[0].split('=', 1)[1]}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *args]
     else:
-        nproc = cfg["hardware"].get("nproc_per_node", 1)
+        nproc = cfg["hardware"]["nproc_per_node"]
         cmd = [
             sys.executable,
             "-m",

@@ -95,12 +95,12 @@ def load_policy(model_dir: str, hw: dict, quantization: str | None = None, **kwa
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=DTYPES[hw["dtype"]]
         )
-        kwargs["device_map"] = {"": hw.get("device", "cuda")}
+        kwargs["device_map"] = {"": hw["device"]}
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[hw["dtype"]], **kwargs)
     except OSError as e:
         raise RuntimeError(f"could not load model '{model_dir}': {e}. Offline? Point model.path at a local directory.") from e
-    if hw.get("gradient_checkpointing"):
+    if hw["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     return model

@@ -54,7 +54,7 @@ class Train(Section):
 
 
 class Optim(Section):
-    name: str = "adamw"  # pods.backends.OPTIMIZERS
+    name: str | None = None  # pods.backends.OPTIMIZERS; null = the hardware profile's (hardware.optimizer)
     lr: PosF = 1.0e-4
     betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.99]
     eps: PosF = 1.0e-8
@@ -198,7 +198,7 @@ class Hardware(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     backend: str = "local"  # pods.backends.BACKENDS
     dist_backend: Literal["gloo", "nccl"] | None = None  # the process group every rank joins (pods.distributed)
-    dist_timeout_s: PosF | None = None  # a collective waiting longer fails the run (a hung rank)
+    dist_timeout_s: PosF = 1800.0  # longest wait in a collective before the run fails (a hung rank; covers a ZeRO-3 save)
     nproc_per_node: Pos = 1  # processes the launcher should start (torchrun --nproc_per_node decides)
     finetune: Literal["full", "lora"] = "full"
     lora: Lora = Lora()
@@ -206,7 +206,7 @@ class Hardware(Section):
     logprob_chunk_tokens: Pos | None = None  # tokens per chunk of the fp32 log-softmax over the vocabulary; null = one chunk
     gradient_checkpointing: bool = False
     torch_threads: Pos | None = None
-    optimizer: str | None = None  # the profile's optimizer, for experiments to read as optim.name
+    optimizer: str = "adamw"  # the profile's optimizer: optim.name when that is null (l40s_lora: adamw_8bit, the paper's)
     deepspeed: DeepSpeed = DeepSpeed()  # read by backend=deepspeed only
     slurm: Slurm | None = None
 
@@ -296,6 +296,8 @@ def check(cfg: dict) -> dict:
             raise ConfigError(f"{group}.name is required (a string), got {name!r}")
         models = shapes.get(name, shapes["*"])
         out[group] = _first_fit(models if isinstance(models, tuple) else (models,), node, group)
+    if out["optim"]["name"] is None:  # the profile's optimizer unless the run names one
+        out["optim"]["name"] = out["hardware"]["optimizer"]
     return out
 
 
@@ -322,6 +324,12 @@ def defaults(model: type[Section]) -> dict:
     """The schema's default of every key of ``model`` that has one (required keys are left out)."""
     out = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
     return {k: v.model_dump() if isinstance(v, BaseModel) else copy.deepcopy(v) for k, v in out.items()}
+
+
+def complete(model: type[Section], node: dict | None = None, **values) -> dict:
+    """One section for a caller that builds its own (a test, a benchmark): the schema's defaults, then ``node``,
+    then ``values``; not validated (``check`` validates whole configs)."""
+    return {**defaults(model), **(node or {}), **values}
 
 
 def nodes() -> dict[str, dict]:

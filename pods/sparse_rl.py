@@ -16,9 +16,10 @@ import math
 
 import torch
 
+from pods.schema import SparseRl, defaults
 from pods.tokens import StepContext
 
-DEFAULTS = {"veto": 1.0e-4, "band_low": 0.5, "band_high": 1.5, "cap": 1.5, "log_ratio_clamp": 20.0, "weight_norm": "valid"}
+DEFAULTS = defaults(SparseRl)  # the schema's: the authors' released values
 WEIGHT_NORMS = ("valid", "all", "none")
 
 

@@ -50,8 +50,8 @@ def no_correction(batch, ctx: StepContext) -> dict:
 
 def apply(batch, backend, alg: dict, progress: float, dist) -> dict:
     """Run the configured correction, then the token selector, on ``batch``; returns their metrics."""
-    corr = CORRECTIONS.get(alg.get("correction") or "none")
-    sel = TOKEN_SELECTORS.get(alg.get("token_rule") or "all")
+    corr = CORRECTIONS.get(alg["correction"])
+    sel = TOKEN_SELECTORS.get(alg["token_rule"])
     entropy = any(getattr(f, "needs_entropy", False) for f in (corr, sel))
     stats = None
     if entropy or any(getattr(f, "needs_stats", False) for f in (corr, sel)):

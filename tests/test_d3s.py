@@ -16,6 +16,7 @@ from pods.backends.base import TokenStats, build_batch
 from pods.d3s import cross_group, intra_group, ramped, sample_count, token_fraction, top_k_tokens
 from pods.downsample import kept_rows, max_variance
 from pods.losses import AGGREGATIONS
+from pods.schema import Algorithm, complete
 from pods.tokens import StepContext
 
 
@@ -106,7 +107,7 @@ def test_token_selection_by_abs_advantage_times_entropy_hand_computed():
     """Scores |A| x H: row 0 = [0.5, 2.0, 1.0, 0.0], row 1 = [1.0, 0.5, 1.0, pad]. K = 3/7 of the 7 tokens keeps 3:
     the 2.0, then a tie of three 1.0s (row 0 col 2, row 1 cols 0 and 2) of which the two earliest win."""
     batch, stats = hand_batch()
-    alg = {"token_keep": 3 / 7, "token_keep_final": None}
+    alg = complete(Algorithm, token_keep=3 / 7)
     m = top_k_tokens(batch, StepContext(alg=alg, progress=0.3, dist=distributed.SINGLE, stats=stats))
     assert batch.loss_mask.tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
     assert m["tokens_kept_frac"] == pytest.approx(3 / 7)
@@ -118,20 +119,20 @@ def test_token_top_k_is_over_the_whole_step_not_per_micro_batch():
     """Per micro-batch (one row each) 3/7 would keep ceil(3/7 x 4) = 2 of row 0 and ceil(3/7 x 3) = 2 of row 1;
     the step-wide selection keeps 2 + 1, and a micro-batch split of the result leaves it unchanged."""
     batch, stats = hand_batch()
-    top_k_tokens(batch, StepContext(alg={"token_keep": 3 / 7}, progress=0.0, dist=distributed.SINGLE, stats=stats))
+    top_k_tokens(batch, StepContext(alg=complete(Algorithm, token_keep=3 / 7), progress=0.0, dist=distributed.SINGLE, stats=stats))
     assert batch.loss_mask.sum(1).tolist() == [2, 1]
 
 
 def test_token_selection_keeps_every_token_at_k_1_and_the_schedule_moves_k():
     batch, stats = hand_batch()
     before = batch.loss_mask.clone()
-    alg = {"token_keep": 0.2, "token_keep_final": 1.0, "ramp": "linear"}
+    alg = complete(Algorithm, token_keep=0.2, token_keep_final=1.0, ramp="linear")
     m = top_k_tokens(batch, StepContext(alg=alg, progress=1.0, dist=distributed.SINGLE, stats=stats))
     assert torch.equal(batch.loss_mask, before) and m["token_keep"] == 1.0 and m["entropy_dropped"] == 0.0
 
 
 def test_schedule_values_at_progress_0_half_1():
-    alg = {"m": 4, "m_final": 8, "token_keep": 0.2, "token_keep_final": 0.6, "ramp": "linear"}
+    alg = complete(Algorithm, m=4, m_final=8, token_keep=0.2, token_keep_final=0.6, ramp="linear")
     assert [sample_count(alg, p) for p in (0, 0.5, 1)] == [4, 6, 8]
     assert [token_fraction(alg, p) for p in (0, 0.5, 1)] == pytest.approx([0.2, 0.4, 0.6])
     assert sample_count({**alg, "m_final": 7}, 0.5) == 6  # 5.5 rounds half up

@@ -521,7 +521,7 @@ def test_prune_deletes_old_shards_and_unfinished_ones(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5", "+hardware.dist_timeout_s=0"]
+    "bad", ["train.keep_checkpoints=0", "train.checkpoint_at_end=sometimes", "train.checkpoint_every_s=-5", "hardware.dist_timeout_s=0"]
 )
 def test_checkpoint_settings_are_validated(bad):
     from pods.config import ConfigError, validate

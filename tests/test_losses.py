@@ -8,6 +8,7 @@ import torch
 from pods.advantages import ADVANTAGES
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, token_logprobs
 from pods.schedules import SCHEDULES
+from pods.schema import Algorithm, complete
 
 
 def test_clipped_surrogate_matches_hand_values():
@@ -142,7 +143,7 @@ class _LinearPolicy:
 
         class B(Backend):
             def __init__(s):
-                s.alg = {"policy_loss": "clipped", "loss_agg": "bnpo", "epsilon": 0.2, "beta": 0.0}
+                s.alg = complete(Algorithm, policy_loss="clipped", loss_agg="bnpo", epsilon=0.2, beta=0.0)
                 s.micro_batch_size = 1
                 s.temperature = 1.0
                 s.theta = torch.tensor(0.3, requires_grad=True)

@@ -13,6 +13,7 @@ from pods import distributed
 from pods.backends.base import TokenStats, build_batch
 from pods.loop import train
 from pods.metrics import read_metrics
+from pods.schema import Algorithm, ToyLongDataset, complete
 from pods.sparse_rl import DEFAULTS, sparse_rl, sparse_rl_weights
 from pods.tokens import CORRECTIONS, StepContext
 
@@ -31,7 +32,7 @@ def _batch_with_ratios(ratios: list[list[float]]):
 def test_hand_computed_rejection_masking_and_weights():
     # row 0: ratios 1.0, 2.0 (masked: > 1.5), 0.8 ; row 1: 1e-5 -> the whole row is vetoed ; row 2 (2 tokens): 1.2, 0.4 (masked)
     batch, dense = _batch_with_ratios([[1.0, 2.0, 0.8], [1.0, 1e-5, 1.0], [1.2, 0.4]])
-    ctx = StepContext(alg={"correction": "sparse_rl"}, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense))
+    ctx = StepContext(alg=complete(Algorithm, correction="sparse_rl"), progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense))
     metrics = CORRECTIONS.get("sparse_rl")(batch, ctx)
     assert batch.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [1, 0, 0]]
     # capped weights min(r, 1.5) on the kept tokens: 1.0, 0.8, 1.2 -> mean 1.0 over the post-rejection tokens
@@ -146,7 +147,7 @@ def test_toy_long_task_answers_step_by_step():
     from pods.tasks.toy_long import solution
 
     assert solution([23, 45, 12, 31]) == "23+45=68 68+12=80 80+31=111 Answer: 111"
-    data = DATASETS.get("toy_long")({"train_size": 300, "test_size": 50})
+    data = DATASETS.get("toy_long")(complete(ToyLongDataset, name="toy_long", train_size=300, test_size=50))
     assert len(data.train) == 300 and not {e.id for e in data.train} & {e.id for e in data.test}
     assert all(4 <= len(e.id.split("+")) <= 6 and int(e.gold) == sum(map(int, e.id.split("+"))) for e in data.train)
     ex = data.test[0]

@@ -127,11 +127,10 @@ def test_every_math_gold_solution_is_correct_and_a_changed_answer_is_not(math_ro
 
 
 def _cfg(name: str, **overrides) -> dict:
-    import yaml
+    """The dataset section as a run composes it (the schema's defaults under the YAML), with overrides."""
+    from conftest import compose
 
-    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    cfg.update(overrides)
-    return cfg
+    return {**compose([f"dataset={name}"])["dataset"], **overrides}
 
 
 def test_gsm8k_loads_from_local_jsonl_with_the_datasets_loader(shared):

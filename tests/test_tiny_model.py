@@ -9,6 +9,7 @@ import torch
 from pods.engines import ENGINES, Sampling
 from pods.evaluate import evaluate
 from pods.models import load_policy, load_tokenizer
+from pods.schema import Hardware, HfRollout, ToyDataset, complete
 from pods.tasks import DATASETS, encode_prompts
 from pods.tiny import DEFAULT_SPEC
 
@@ -36,14 +37,14 @@ def test_model_config_is_vllm_compatible(tiny_dir):
 
 def test_warm_start_accuracy_is_well_inside_0_and_1(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), {"dtype": "float32"})
+    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32"))
     engine = ENGINES.get("hf")(str(tiny_dir), tok, {"max_batch": 256}, policy=model)
     data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
     ids, kept, _ = encode_prompts(data.test[:100], tok, 128)
     from pods.schema import Eval
 
     ev = {**Eval().model_dump(), "temperature": 1.0, "max_tokens": 12, "repeats": 2}
-    res = evaluate(engine, ids, [e.gold for e in kept], ev, {"recipe": "toy", "grader": "toy"}, seed=0)
+    res = evaluate(engine, ids, [e.gold for e in kept], ev, complete(ToyDataset, name="toy_arith", recipe="toy", grader="toy"), seed=0)
     assert 0.05 < res["accuracy"] < 0.85, res  # label-smoothed warm start: sampled answers often carry a stray token
     assert res["format_accuracy"] > 0.05
 
@@ -54,8 +55,8 @@ def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
     from pods.losses import token_logprobs
 
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), {"dtype": "float32"}).eval()
-    engine = ENGINES.get("hf")(str(tiny_dir), tok, {}, policy=model)
+    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32")).eval()
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, complete(HfRollout, name="hf"), policy=model)
     data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
     ids, _, _ = encode_prompts(data.test[:3], tok, 128)
     torch.manual_seed(0)
@@ -73,9 +74,9 @@ def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
 
 def test_hf_engine_greedy_with_n_repeats_and_ignores_the_models_generation_config(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), {"dtype": "float32"}).eval()
+    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32")).eval()
     model.generation_config.repetition_penalty = 5.0  # must not leak into the engine's sampling
-    engine = ENGINES.get("hf")(str(tiny_dir), tok, {}, policy=model)
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, complete(HfRollout, name="hf"), policy=model)
     data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
     ids, _, _ = encode_prompts(data.test[:2], tok, 128)
     ro = engine.generate(ids, 3, Sampling(temperature=0.0, max_tokens=8))

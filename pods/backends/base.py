@@ -79,7 +79,7 @@ def loss_temperature(cfg: dict) -> float:
     """The temperature dividing the logits in the loss: ``algorithm.loss_temperature`` = ``sampling`` (the
     sampling temperature: the log-probs of the distribution the rollouts were drawn from) or a number (1.0 =
     the raw logits, as the authors' single-GPU trainer on TRL 0.14 did for samples drawn at T = 0.9)."""
-    t = cfg["algorithm"].get("loss_temperature", "sampling")
+    t = cfg["algorithm"]["loss_temperature"]
     return float(cfg["sampling"]["temperature"] if t == "sampling" else t) or 1.0
 
 
@@ -189,16 +189,16 @@ class Backend:
         a = self.alg
         loss_fn, agg = POLICY_LOSSES.get(a["policy_loss"]), AGGREGATIONS.get(a["loss_agg"])
         eps_low = a["epsilon"]
-        eps_high = a.get("epsilon_high") or eps_low
-        beta = float(a.get("beta") or 0.0)
+        eps_high = a["epsilon_high"] or eps_low
+        beta = a["beta"]
         n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
         if hasattr(agg, "prepare"):  # per-row normalisers over the whole step (bnpo's per-group token counts)
             agg.prepare(batch, self)
-        if a.get("ppo_epochs", 1) > 1 and batch.old_logprobs is None:
+        if a["ppo_epochs"] > 1 and batch.old_logprobs is None:
             batch.old_logprobs = self.policy_logprobs(batch)  # fixed behaviour policy across epochs
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
         grad_norms = []
-        for _ in range(a.get("ppo_epochs", 1)):
+        for _ in range(a["ppo_epochs"]):
             for mb in tqdm(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
                 logp = self.forward_logprobs(mb)
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
@@ -214,7 +214,7 @@ class Backend:
                 sums["loss"] += float(loss.detach())
                 sums["clip_frac"] += float((clipped.float() * mb.loss_mask).sum())
             grad_norms.append(self.optimizer_step(lr))
-        epochs = a.get("ppo_epochs", 1)
+        epochs = a["ppo_epochs"]
         denom = max(n_tokens, 1) * epochs
         return {
             "loss": sums["loss"] / epochs,

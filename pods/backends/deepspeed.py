@@ -41,25 +41,25 @@ def ds_config(cfg: dict) -> dict:
     from pods.config import ConfigError
 
     hw, o = cfg["hardware"], cfg["optim"]
-    d = hw.get("deepspeed") or {}
-    stage = int(d.get("stage", 3))
+    d = hw["deepspeed"]
+    stage = d["stage"]
     if stage not in (2, 3):
         raise ConfigError(f"hardware.deepspeed.stage must be 2 or 3, got {stage}")
-    if hw.get("finetune") != "full":
+    if hw["finetune"] != "full":
         raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA: hardware=l40s_lora)")
     if o["name"] != "adamw":
         raise ConfigError(f"hardware.backend=deepspeed uses DeepSpeed's AdamW: optim.name must be 'adamw', got '{o['name']}'")
-    zero = {"stage": stage, "overlap_comm": bool(d.get("overlap_comm", False)), "contiguous_gradients": True}
+    zero = {"stage": stage, "overlap_comm": d["overlap_comm"], "contiguous_gradients": True}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True  # save_pretrained gathers the full weights
     for part in ("optimizer", "param"):
-        if d.get(f"offload_{part}"):
+        if d[f"offload_{part}"]:
             zero[f"offload_{part}"] = {"device": d[f"offload_{part}"], "pin_memory": True}
     conf = {
         "train_micro_batch_size_per_gpu": int(hw["micro_batch_size"]),
         "gradient_accumulation_steps": 1,  # the loop accumulates (Backend.update): DeepSpeed must not rescale
         "managed_gradient_accumulation": False,  # engine.step() is the accumulation boundary
-        "gradient_clipping": float(o.get("max_grad_norm") or 0.0),
+        "gradient_clipping": float(o["max_grad_norm"] or 0.0),
         "optimizer": {
             "type": "AdamW",
             "params": {
@@ -76,7 +76,7 @@ def ds_config(cfg: dict) -> dict:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
-    return _merge(conf, d.get("config") or {})
+    return _merge(conf, d["config"])
 
 
 def _torch_adam(hw: dict) -> bool:
@@ -86,9 +86,9 @@ def _torch_adam(hw: dict) -> bool:
 
     from pods.config import ConfigError
 
-    torch_adam = bool((hw.get("deepspeed") or {}).get("torch_adam", True))
+    torch_adam = hw["deepspeed"]["torch_adam"]
     no_nvcc = shutil.which("nvcc") is None and not os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc"))
-    if not torch_adam and str(hw.get("device", "cpu")).startswith("cuda") and no_nvcc:
+    if not torch_adam and hw["device"] == "cuda" and no_nvcc:
         raise ConfigError(
             "hardware.deepspeed.torch_adam=false: DeepSpeed's FusedAdam is JIT-built with nvcc at start-up and no CUDA toolkit "
             "was found (nvcc not on PATH, CUDA_HOME unset): set hardware.deepspeed.torch_adam=true or install nvcc of torch's CUDA"
@@ -114,7 +114,7 @@ class DeepSpeedBackend(Backend):
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
         self.micro_batch_size = int(hw["micro_batch_size"])
         self.temperature = loss_temperature(cfg)
-        self.chunk_tokens = hw.get("logprob_chunk_tokens")
+        self.chunk_tokens = hw["logprob_chunk_tokens"]
         self.config = ds_config(cfg)
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
@@ -133,7 +133,7 @@ class DeepSpeedBackend(Backend):
         model = load_policy(model_dir, hw)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.config)
-        self.ref = self._reference(model_dir, hw) if float(self.alg.get("beta") or 0) > 0 else None
+        self.ref = self._reference(model_dir, hw) if self.alg["beta"] > 0 else None
 
     def _reference(self, model_dir: str, hw: dict):
         """The frozen initial policy for the KL term: partitioned like the policy under ZeRO-3 (no optimizer)."""

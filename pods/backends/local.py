@@ -39,12 +39,12 @@ def exported_weight(modules: dict, name: str, p: torch.Tensor) -> torch.Tensor:
 class LocalBackend(Backend):
     def __init__(self, model_dir: str, cfg: dict):
         hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
-        self.device = torch.device(hw.get("device", "cpu"))
+        self.device = torch.device(hw["device"])
         self.micro_batch_size = int(hw["micro_batch_size"])
         self.temperature = loss_temperature(cfg)
-        self.chunk_tokens = hw.get("logprob_chunk_tokens")
+        self.chunk_tokens = hw["logprob_chunk_tokens"]
         self.lora = hw["finetune"] == "lora"
-        quant = cfg["model"].get("quantization")
+        quant = cfg["model"]["quantization"]
         model = load_policy(model_dir, hw, quantization=quant)
         if not quant:
             model = model.to(self.device)
@@ -56,7 +56,7 @@ class LocalBackend(Backend):
             if quant:
                 from peft import prepare_model_for_kbit_training
 
-                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(hw.get("gradient_checkpointing")))
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=hw["gradient_checkpointing"])
             model = get_peft_model(
                 model,
                 LoraConfig(
@@ -67,7 +67,7 @@ class LocalBackend(Backend):
                     task_type="CAUSAL_LM",
                 ),
             )
-        elif float(self.alg.get("beta") or 0) > 0:
+        elif self.alg["beta"] > 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -102,7 +102,7 @@ class LocalBackend(Backend):
     def optimizer_step(self, lr: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        max_norm = self.optim_cfg.get("max_grad_norm")
+        max_norm = self.optim_cfg["max_grad_norm"]
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,7 @@ class HFEngine:
         if policy is None:
             raise ValueError("the hf engine generates with the training model: pass policy=")
         self.policy, self.tok = policy, tokenizer
-        self.max_batch = int(cfg.get("max_batch", 256))  # sequences per generate call
+        self.max_batch = cfg["max_batch"]  # sequences per generate call
         self.stop_ids = set(
             policy.generation_config.eos_token_id
             if isinstance(policy.generation_config.eos_token_id, list)

@@ -20,8 +20,9 @@ from tqdm import tqdm
 
 from pods.engines.base import Rollouts, Sampling
 from pods.engines.kv_policies import KV_POLICIES
+from pods.schema import SparseHfRollout, defaults
 
-DEFAULTS = {"method": "snapkv", "budget": 640, "interval": 128, "window": 8, "sink": 4, "kernel": 7, "mix_alpha": 0.1, "sim_threshold": 0.5}
+DEFAULTS = {k: v for k, v in defaults(SparseHfRollout).items() if k != "name"}  # the schema's
 
 
 def check(cfg: dict) -> dict:
@@ -64,10 +65,10 @@ class SparseHFEngine:
             raise ValueError("the sparse_hf engine generates with the training model: pass policy=")
         self.policy, self.tok, self.c = policy, tokenizer, check(cfg)
         self.method = KV_POLICIES.get(self.c["method"])
-        self.max_batch = int(cfg.get("max_batch", 256))
+        self.max_batch = self.c["max_batch"]
         eos = policy.generation_config.eos_token_id
         self.stop_ids = {i for i in (eos if isinstance(eos, list) else [eos]) if i is not None} | {tokenizer.eos_token_id}
-        self.record = bool(cfg.get("record_kept", False))  # tests: keep every step's kept positions
+        self.record = False  # tests set it: keep every step's kept positions
         self.kept_log: list = []
 
     def load_weights(self, named_tensors) -> None:  # the engine IS the policy

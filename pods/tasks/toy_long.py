@@ -28,10 +28,10 @@ def solution(terms: list[int]) -> str:
 
 @DATASETS.register("toy_long")
 def toy_long(cfg: dict) -> TaskData:
-    lo, hi = int(cfg.get("low", 10)), int(cfg.get("high", 99))
-    kmin, kmax = int(cfg.get("min_terms", 4)), int(cfg.get("max_terms", 6))
-    n_train, n_test = int(cfg.get("train_size", 4000)), int(cfg.get("test_size", 200))
-    rng, seen, items = random.Random(int(cfg.get("seed", 0))), set(), []
+    lo, hi = cfg["low"], cfg["high"]
+    kmin, kmax = cfg["min_terms"], cfg["max_terms"]
+    n_train, n_test = cfg["train_size"], cfg["test_size"]
+    rng, seen, items = random.Random(cfg["seed"]), set(), []
     while len(items) < n_train + n_test:
         terms = tuple(rng.randint(lo, hi) for _ in range(rng.randint(kmin, kmax)))
         if terms not in seen:
