@@ -121,3 +121,15 @@ def test_config_nodes_are_the_schema_defaults_and_validate():
     }
     full = {**nodes["hardware/_base"], "name": "x"}
     assert schema.Hardware.model_validate(full).model_dump() == full
+
+
+def test_the_hardware_profile_chooses_the_optimizer_unless_the_run_names_one():
+    """hardware=l40s_lora used to train with plain AdamW unless the experiment file read its optimizer key."""
+    assert compose(["hardware=l40s_lora"])["optim"]["name"] == "adamw_8bit"
+    for exp in ("gsm8k_qwen3b_pods_64_16_l40s", "math_qwen3b_grpo_8_8_l40s", "gsm8k_llama3b_pods_64_16_l40s"):
+        assert compose([f"experiment={exp}"])["optim"]["name"] == "adamw_8bit", exp
+    assert compose(["hardware=l40s_lora", "optim.name=adamw"])["optim"]["name"] == "adamw"
+    assert compose([])["optim"]["name"] == "adamw" and compose(["hardware=h100x8_zero3"])["optim"]["name"] == "adamw"
+    cfg = compose(["hardware=l40s_lora"])
+    cfg["optim"]["name"] = None  # a dict caller leaving it out: check() fills in the profile's
+    assert schema.check(cfg)["optim"]["name"] == "adamw_8bit"
