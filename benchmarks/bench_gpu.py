@@ -65,7 +65,7 @@ SETTINGS = {  # sizes per mode
     ),
     "cuda-small": dict(
         models=[QWEN3B], batches=[8, 64], prompt_len=64, completion_len=64, gen_repeats=1,
-        update_completion_len=128, max_micro=4, update_repeats=1, loop_steps=3, loop_tokens=32, n=8, m=4,
+        update_completion_len=128, max_micro=4, update_repeats=1, loop_steps=2, loop_tokens=32, n=8, m=4,
     ),
     "cpu": dict(
         models=["cpu"], batches=[1, 2, 4, 8, 16, 32], prompt_len=16, completion_len=32, gen_repeats=3,
@@ -143,13 +143,14 @@ def gen_engine(a, model_dir: str, tok, batches: list[int], length: int):
     from pods.models import load_policy
 
     s = a.setting
+    over = [f"hardware.device={a.device}", f"hardware.dtype={a.dtype}"]
     if a.gen_engine == "vllm":
-        over = ["rollout=vllm", f"hardware.device={a.device}", f"hardware.dtype={a.dtype}", f"rollout.max_num_seqs={max(batches)}"]
-        over += [f"rollout.max_model_len={s['prompt_len'] + length}"]
+        over += ["rollout=vllm", f"rollout.max_num_seqs={max(batches)}", f"rollout.max_model_len={s['prompt_len'] + length}"]
         over += ["rollout.gpu_memory_utilization=0.85"] if a.device == "cuda" else ["rollout.kv_cache_gib=0.5"]
         return ENGINES.get("vllm")(model_dir, tok, compose(over)["rollout"])
-    policy = load_policy(model_dir, {"dtype": a.dtype, "gradient_checkpointing": False}).to(a.device)
-    engine = ENGINES.get("hf")(model_dir, tok, {"max_batch": max(batches)}, policy=policy)
+    cfg = compose([*over, "rollout=hf", f"rollout.max_batch={max(batches)}"])
+    policy = load_policy(model_dir, cfg["hardware"]).to(a.device)
+    engine = ENGINES.get("hf")(model_dir, tok, cfg["rollout"], policy=policy)
     engine.stop_ids = set()  # EOS ignored: no stop id, every rollout runs to max_tokens
     return engine
 
