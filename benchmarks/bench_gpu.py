@@ -93,8 +93,8 @@ def architecture(key: str) -> dict:
     return dict(ARCHITECTURES[key]) if key in ARCHITECTURES else {**ARCHITECTURES[QWEN3B], **CPU_ARCH}
 
 
-def build_random_model(key: str, out_dir: Path, device: str, seed: int = 0) -> dict:
-    """Save a random-initialised model of architecture ``key`` (bf16 on CUDA, fp32 on CPU) with the tiny tokenizer."""
+def random_model(key: str, device: str, dtype):
+    """A random-initialised model of architecture ``key`` on ``device`` (``meta``: shapes only), and the tiny tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -106,11 +106,19 @@ def build_random_model(key: str, out_dir: Path, device: str, seed: int = 0) -> d
     cfg = AutoConfig.for_model(
         arch["model_type"], **fields, bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(seed)
     with torch.device(device):  # initialised where it will run: seconds for 7B on a GPU
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return model, tok
+
+
+def build_random_model(key: str, out_dir: Path, device: str, seed: int = 0) -> dict:
+    """Save a random-initialised model of architecture ``key`` (bf16 on CUDA, fp32 on CPU) with the tiny tokenizer."""
+    import torch
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(seed)
+    model, tok = random_model(key, device, dtype)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     params = sum(p.numel() for p in model.parameters())
@@ -417,12 +425,10 @@ def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict
     ok = [r for r in upd if r["status"] == "ok"]
     unit, scale = ("GiB", 1 / 1024) if max((r[key_mem] for r in ok), default=0) > 4096 else ("MiB", 1.0)
     top = info["device_mem_gib"] * 1024 * scale if cuda else None
-    times = ax2.twinx()
+    times, labelled = ax2.twinx(), set()
     for key in dict.fromkeys((r["model"], r["finetune"]) for r in upd):
         rows = [r for r in upd if (r["model"], r["finetune"]) == key]
-        plain = [r for r in rows if r["status"] == "ok" and r["accum_steps"] == 1]
-        if not plain:
-            continue
+        plain = [r for r in rows if r["status"] == "ok" and r["accum_steps"] == 1]  # empty when even 1 rollout ran out of memory
         (line,) = ax2.plot([r["batch"] for r in plain], [r[key_mem] * scale for r in plain], "o-", label=" ".join(key))
         c = line.get_color()
         times.plot([r["batch"] for r in plain], [r["seconds"] for r in plain], "--", color=c, alpha=0.5)
@@ -430,10 +436,12 @@ def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict
             if r["accum_steps"] > 1 and r["status"] == "ok":
                 ax2.plot(r["batch"], r[key_mem] * scale, "*", ms=14, color=c)
                 times.plot(r["batch"], r["seconds"], "*", ms=9, color=c, alpha=0.5)
-                ax2.annotate(f"GA {r['accum_steps']}x{r['micro_batch']}", (r["batch"], r[key_mem] * scale), fontsize=8,
-                             xytext=(-30, 8), textcoords="offset points")  # fmt: skip
+                if r["batch"] not in labelled:  # one label per GA point, however many series share it
+                    labelled.add(r["batch"])
+                    ga = f"GA {r['accum_steps']}x{r['micro_batch']}"
+                    ax2.annotate(ga, (r["batch"], r[key_mem] * scale), fontsize=8, xytext=(-30, 8), textcoords="offset points")
             if r["status"] == "oom":
-                y = top or max(p[key_mem] for p in plain) * scale * 1.1
+                y = top or max((p[key_mem] for p in plain), default=1.0) * scale * 1.1
                 ax2.plot(r["batch"], y, "x", ms=10, mew=2, color=c)
                 ax2.annotate("OOM", (r["batch"], y), fontsize=8, xytext=(4, -12), textcoords="offset points")
     if top:
@@ -442,7 +450,8 @@ def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict
     ax2.set(xlabel="rollouts per micro-batch (GA point: per update)", ylabel=f"{what} ({unit}, solid)")
     times.set(ylabel="seconds per update step (dashed)")
     times.set_ylim(bottom=0)
-    ax2.set_title("(b) policy update: full fine-tuning and LoRA, until out of memory", fontsize=10)
+    until = "until out of memory" if any(r["status"] == "oom" for r in upd) else "no out-of-memory up to the size cap"
+    ax2.set_title(f"(b) policy update: full fine-tuning and LoRA, {until}", fontsize=10)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(fmt)
@@ -492,7 +501,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
-        w.writerows([{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
+        w.writerows([{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
 
 
 def gap_checks(loop_rows: list[dict]) -> list[dict]:

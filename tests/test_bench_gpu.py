@@ -82,6 +82,23 @@ def check_results(d: Path, gen_engine: str, loop_engine: str, dtype: str, mem_ki
     assert "OK" in (d / "summary.txt").read_text()
 
 
+def test_the_random_models_have_the_papers_architectures():
+    """The models the GPU mode builds, on the meta device (shapes only): parameter counts of the hub's
+    Qwen2.5-3B-Instruct (3,085,938,688; tied embeddings) and Qwen2.5-7B-Instruct (7,615,616,512) safetensors."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for key, params, tied in ((bench.QWEN3B, 3_085_938_688, True), (bench.QWEN7B, 7_615_616_512, False)):
+        model, tok = bench.random_model(key, "meta", torch.bfloat16)
+        assert sum(p.numel() for p in model.parameters()) == params
+        assert model.config.tie_word_embeddings is tied and model.config.eos_token_id == tok.eos_token_id
+        assert next(model.parameters()).dtype == torch.bfloat16
+
+
 def test_cpu_mode_in_one_process(tmp_path):
     d = run(tmp_path, "--device", "cpu", "--engine", "hf", "--in-process")
     check_results(d, "hf", "hf", "float32", "cpu_peak_rss", "qwen2-cpu")
