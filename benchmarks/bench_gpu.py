@@ -9,7 +9,7 @@ with small sizes (``tests/test_bench_gpu.py``), so it is known to work before it
    ``from_pretrained`` load them like hub models (ids beyond that tokenizer decode to nothing: harmless for
    random weights). Timings and memory do not depend on trained weights. On CPU: the same layout shrunk
    (``CPU_ARCH``).
-2. Figure 1(a), ``generation.csv``: time per generated token against rollouts per batch, every rollout exactly
+2. Figure 1(a), ``generation.csv``: wall time per generated token (prefill included) against rollouts per batch, every rollout exactly
    ``completion_len`` tokens (vLLM ``ignore_eos=True, min_tokens=max_tokens``; HF generate with no stop id),
    distinct random prompts of ``prompt_len`` tokens, with the fastest engine present (vLLM when importable on
    CUDA, else the project's HF engine).
@@ -23,7 +23,8 @@ with small sizes (``tests/test_bench_gpu.py``), so it is known to work before it
    is the configured one with a probe around ``update``: before the step it scores the step's rollouts with the
    trainer (``gap_*``: trainer vs the sampler's log-probs, which came from the engine synced after the previous
    step), after the step again (``drift_mean_abs``: what the step moved; a sync that failed would leave a gap of
-   that size). Random-weight models get random +-1 advantages (their rewards are all 0) so every step moves them.
+   that size; ``t_update`` includes the probe's two no-grad passes). Random-weight models get random +-1 advantages
+   (their rewards are all 0) so every step moves them.
 
 Each measurement runs in its own process (an out-of-memory or a vLLM engine never leaks into the next). Writes
 ``<out>/<gpu name | cpu>/``: generation.csv, update.csv, loop.csv, figure1.png, summary.txt; prints the summary.
@@ -128,7 +129,7 @@ def build_random_model(key: str, out_dir: Path, device: str, seed: int = 0) -> d
 def phase_build(a, out: dict) -> None:
     import torch
 
-    out["models"] = {key: build_random_model(key, Path(a.models_dir) / LABELS[key].split()[0], a.device) for key in a.setting["models"]}
+    out["models"] = {key: build_random_model(key, Path(a.models_dir) / LABELS[key], a.device) for key in a.setting["models"]}
     if a.device == "cuda":
         p = torch.cuda.get_device_properties(0)
         out["device_name"], out["device_mem_gib"] = p.name, round(p.total_memory / 2**30, 1)
