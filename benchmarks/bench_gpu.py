@@ -539,10 +539,20 @@ def summary(info: dict, gen: list[dict], upd: list[dict], checks: list[dict], er
 
 
 def main(a) -> int:
-    out_dir = Path(a.out)
-    a.models_dir = a.models_dir or tempfile.mkdtemp(prefix="pods-bench-models-")
+    """Every measurement, then the CSVs, the figure and the summary; the random models and the per-measurement results
+    live in temporary directories (the models' inside ``--models-dir`` when given), removed at the end."""
+    a.models_dir = tempfile.mkdtemp(prefix="pods-bench-models-", dir=a.models_dir)
     parts = Path(tempfile.mkdtemp(prefix="pods-bench-parts-"))
-    s, errors = a.setting, []
+    try:
+        return measure_all(a, parts)
+    finally:
+        if not a.keep_models:
+            shutil.rmtree(a.models_dir, ignore_errors=True)
+        shutil.rmtree(parts, ignore_errors=True)
+
+
+def measure_all(a, parts: Path) -> int:
+    out_dir, s, errors = Path(a.out), a.setting, []
     info = run_phase(a, "build", parts / "build.json")
     if "error" in info:
         print(info["error"], file=sys.stderr)
@@ -572,10 +582,7 @@ def main(a) -> int:
     text = summary(info, gen, upd, checks, errors)
     (out_dir / "summary.txt").write_text(text)
     print(text, end="")
-    print(f"[bench_gpu] wrote {out_dir}")
-    if not a.keep_models:
-        shutil.rmtree(a.models_dir, ignore_errors=True)
-    shutil.rmtree(parts, ignore_errors=True)
+    print(f"[bench_gpu] wrote {out_dir}" + (f"; models kept in {a.models_dir}" if a.keep_models else ""))
     return 1 if errors else 0
 
 
@@ -587,7 +594,7 @@ def parse(argv=None):
                    help="auto: vLLM when importable (generation: on CUDA only), else the HF engine")  # fmt: skip
     p.add_argument("--out", default="results/gpu", help="results go to OUT/<gpu name | cpu>/")
     p.add_argument("--name", help="the results directory's name under OUT (default: the device's name)")
-    p.add_argument("--models-dir", help="where the random models are written (default: a temporary directory, deleted after)")
+    p.add_argument("--models-dir", help="where the random models' temporary directory goes (default: the system's; 3B + 7B: about 21 GB)")
     p.add_argument("--keep-models", action="store_true")
     p.add_argument("--in-process", action="store_true", help="every measurement in this process (faster; CPU tests)")
     p.add_argument("--phase-timeout", type=float, default=3600.0, help="seconds one measurement process may take")
