@@ -3,7 +3,7 @@
 ``ensure_tiny(spec, cache_dir)`` returns a directory that loads through the same ``from_pretrained`` path
 as hub models (and in vLLM: head_dim = 128 / 4 = 32). The first call trains a byte-level BPE tokenizer
 on toy-task text, builds the model, gives it a short label-smoothed supervised warm start on the toy task's
-TRAIN split (greedy decoding then solves ~95% of the test sums, but sampling at T = 1 puts a stray token into
+TRAIN split (800 steps: greedy decoding then solves ~98% of the test sums, but sampling at T = 1 puts a stray token into
 most answers: RL starts near 15% sampled accuracy with room to ~95%, see docs/cpu-miniature.md), and saves;
 later calls hit the cache (keyed by a hash of the spec). The tokenizer pre-splits text with Qwen2's own regex,
 so ``AutoTokenizer`` (which maps model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode
@@ -38,7 +38,7 @@ DEFAULT_SPEC = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 256,
-    "warm_start_steps": 400,
+    "warm_start_steps": 800,  # 400 sat on the step where greedy addition is learnt: 0.97 greedy on one machine, 0.10 on another
     "warm_start_batch": 64,
     "warm_start_lr": 3e-3,
     "warm_start_label_smoothing": 0.25,
