@@ -322,15 +322,18 @@ def test_two_rank_update_equals_the_single_process_update(worker_run, local_run,
     """Same 8 sequences: 2 ranks x 4 (micro-batches of 2, DeepSpeed) vs 1 process x 8 (micro-batches of 3)."""
     ds = torch.load(worker_run / f"equiv_{variant}.pt", weights_only=False)
     start, after, stats = local_run
-    for s_ds, s_local in zip(ds["stats"], stats):
-        assert s_ds["grad_norm"] == pytest.approx(s_local["grad_norm"], rel=1e-5)  # pre-clip global norm: the gradient's scale
-        assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=1e-5, abs=1e-7) and s_ds["kl"] == pytest.approx(
-            s_local["kl"], rel=1e-5, abs=1e-7
+    # Step 1 agrees to 3e-6; step 2 starts from weights that step 1 moved by up to lr = 1 (KL 15 to the start), where
+    # the float32 reduction order of the two layouts shows at 3e-5 (grad norm) and 7e-6 (loss), and the weights differ by
+    # 2e-6 after moving by 0.2: a wrong gradient scale or a token counted twice is a factor of order 1.
+    for s_ds, s_local, rel in zip(ds["stats"], stats, (1e-5, 1e-4)):
+        assert s_ds["grad_norm"] == pytest.approx(s_local["grad_norm"], rel=rel)  # pre-clip global norm: the gradient's scale
+        assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=rel, abs=1e-7) and s_ds["kl"] == pytest.approx(
+            s_local["kl"], rel=rel, abs=1e-7
         )
     assert stats[1]["kl"] > 0 and stats[0]["grad_norm"] > 1.0  # step 2 sees the reference; step 1 is clipped to max_grad_norm
     moved = max((after[k] - start[k]).abs().max().item() for k in after)
     diff = max((ds["weights"][k] - after[k]).abs().max().item() for k in after)
-    assert moved > 0.05 and diff < 2e-6, f"{variant}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
+    assert moved > 0.05 and diff < 1e-5, f"{variant}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
 
 
 @pytest.mark.slow

@@ -22,6 +22,13 @@ from conftest import ROOT, compose, shrink
 ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
 
 
+def _hw(**values) -> dict:
+    """A gloo hardware section (the schema's defaults otherwise), as the workers' distributed.init receives it."""
+    from pods.schema import Hardware, complete
+
+    return complete(Hardware, dist_backend="gloo", **values)
+
+
 def _env() -> dict:
     return {
         **os.environ,
@@ -56,7 +63,7 @@ def vllm_worker(out: Path) -> None:
     from pods.tiny import ensure_tiny
 
     torch.set_num_threads(1)
-    dist = distributed.init({"dist_backend": "gloo"})
+    dist = distributed.init(_hw())
     model_dir = ensure_tiny()
     tok = load_tokenizer(str(model_dir))
     engine = ENGINES.get("vllm")(model_dir, tok, compose(ENGINE[:2])["rollout"])  # max_model_len derived (null)
@@ -153,7 +160,7 @@ def timeout_worker(out: Path) -> None:
 
     from pods import distributed
 
-    dist = distributed.init({"dist_backend": "gloo", "dist_timeout_s": 2})
+    dist = distributed.init(_hw(dist_timeout_s=2))
     if dist.rank == 1:
         time.sleep(5)
         os._exit(0)
@@ -294,7 +301,7 @@ def shards_worker(out: Path) -> None:
     from pods.tiny import ensure_tiny
 
     torch.set_num_threads(1)
-    distributed.init({"dist_backend": "gloo"})
+    distributed.init(_hw())
     backend = DeepSpeedBackend(str(ensure_tiny()), compose(["hardware=cpu_ddp2_zero3", "hardware.deepspeed.stage=2"]))
     batch = build_batch([[11, 12, 13]] * 2, [[20, 21], [22]], [[0.0, 0.0], [0.0]], torch.tensor([1.0, -1.0]), 0)
     weights = lambda: {k: v.clone() for k, v in backend.export_weights()}  # noqa: E731

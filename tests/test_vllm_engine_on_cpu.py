@@ -97,11 +97,15 @@ def test_engine_start_leaves_the_trainer_alone_and_close_frees_it(tiny_dir, tok)
 def test_greedy_matches_hf_engine(engine, tiny_dir, tok, prompts):
     from pods.engines import Sampling
     from pods.engines.hf import HFEngine
+    from pods.schema import HfRollout, complete
 
     backend, _ = backend_for(tiny_dir)
     engine.load_weights(backend.export_weights())
     greedy = Sampling(temperature=0.0, max_tokens=12)
-    ro, ref = engine.generate(prompts, 1, greedy), HFEngine(tiny_dir, tok, {}, policy=backend.policy).generate(prompts, 1, greedy)
+    ro, ref = (
+        engine.generate(prompts, 1, greedy),
+        HFEngine(tiny_dir, tok, complete(HfRollout, name="hf"), policy=backend.policy).generate(prompts, 1, greedy),
+    )
     assert ro.completion_ids == ref.completion_ids and ro.finish_reasons == ref.finish_reasons and ro.texts == ref.texts
     assert max(abs(a - b) for x, y in zip(ro.logprobs, ref.logprobs) for a, b in zip(x, y)) < TOL
     assert recompute_gap(backend, prompts, ro) < TOL
