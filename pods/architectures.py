@@ -70,6 +70,28 @@ ARCHITECTURES: dict[str, dict] = {
         "torch_dtype": "bfloat16",
     },
 }
+# The other experiments' models (Sparse-RL: the Qwen2.5-3B base, whose shape is the Instruct model's; D3S).
+ARCHITECTURES["Qwen/Qwen2.5-3B"] = dict(ARCHITECTURES["Qwen/Qwen2.5-3B-Instruct"])
+ARCHITECTURES["Qwen/Qwen2.5-Math-7B"] = {
+    **ARCHITECTURES["Qwen/Qwen2.5-7B-Instruct"],
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+}
+ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"] = {
+    **ARCHITECTURES["meta-llama/Llama-3.2-3B-Instruct"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "rope_scaling": {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": False,
+}
 
 
 def tiny_config(spec: dict | None = None) -> dict:

@@ -1,5 +1,6 @@
 """Checks of the machine a run starts on, made before any model or dataset loads: the device and dtype exist
-here, GPU-only settings are not asked of a CPU, local files exist, hub ids can be reached (or are cached).
+here, GPU-only settings are not asked of a CPU, local files exist, hub ids can be reached (or are cached), and a
+CUDA run's estimated peak memory fits its card (``pods.memory.check_fits``).
 
 ``check_environment(cfg)`` takes the validated config (``pods.schema.check``) and raises ``ConfigError`` with one
 line naming the key. ``pods.config.validate`` holds the rules that do not depend on the machine, so a GPU
@@ -23,6 +24,9 @@ def _need(cond: bool, msg: str) -> None:
 
 
 def check_environment(cfg: dict) -> None:
+    from pods.memory import check_fits
+
+    check_fits(cfg)  # a CUDA run's memory estimate against hardware.gpu_memory_gb: true on any machine, so first
     _device(cfg)
     _files(cfg)
     _hub_datasets(cfg["dataset"])

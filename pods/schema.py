@@ -205,6 +205,7 @@ class Hardware(Section):
     micro_batch_size: Pos = 64  # sequences per forward/backward (per rank): memory only, gradients are identical
     logprob_chunk_tokens: Pos | None = None  # tokens per chunk of the fp32 log-softmax over the vocabulary; null = one chunk
     gradient_checkpointing: bool = False
+    gpu_memory_gb: PosF | None = None  # one card's memory, GB (1e9 B): pods.memory refuses a CUDA run that would not fit; null = unchecked
     torch_threads: Pos | None = None
     optimizer: str = "adamw"  # the profile's optimizer: optim.name when that is null (l40s_lora: adamw_8bit, the paper's)
     deepspeed: DeepSpeed = DeepSpeed()  # read by backend=deepspeed only

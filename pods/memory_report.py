@@ -1,0 +1,92 @@
+"""``python -m pods.memory [--card-gb G] <hydra overrides>``: the memory estimate of one run, as a table
+(``make memory ARGS=...``); ``python -m pods.memory --all --out results/memory``: every GPU experiment in
+conf/experiment/, one table each and ``estimates.csv`` (one row per experiment, with the largest micro-batch that
+fits). The config is composed as ``pods.train`` composes it and completed by the schema; no other check runs
+(a hub model need not be reachable here, nor 8 GPUs present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from pods.config import ConfigError
+from pods.memory import Estimate, estimate, largest_fitting
+from pods.memory_update import micro_batch
+
+COLUMNS = {  # CSV column -> the estimate's line(s) it sums (GB per GPU)
+    "weights_gb": ("weights", "reference model (KL)"),
+    "gradients_gb": ("gradients",),
+    "optimizer_gb": ("optimizer state",),
+    "zero_buffers_gb": ("ZeRO buffers",),
+    "activations_gb": ("activations (saved)",),
+    "layer_backward_gb": ("layer backward",),
+    "loss_logits_gb": ("loss logits",),
+    "reference_forward_gb": ("reference forward (KL)",),
+}
+
+
+def compose(overrides: list[str]) -> dict:
+    """The run's config as ``python -m pods.train <overrides>`` composes it, completed by ``pods.schema.check``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pods.schema import check
+    from pods.train import CONF, _compose, _job_dict
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="memory"):
+        return check(_job_dict(_compose(hydra_compose, overrides)))
+
+
+def largest_micro_batch(cfg: dict, card: float) -> int | None:
+    """The largest hardware.micro_batch_size that fits, up to the rows a rank trains per step (beyond, nothing grows)."""
+    rows = micro_batch({**cfg, "hardware": {**cfg["hardware"], "micro_batch_size": 1 << 30}})
+    return largest_fitting(cfg, card, "hardware", "micro_batch_size", rows)
+
+
+def row(name: str, cfg: dict, est: Estimate) -> dict:
+    out = {"experiment": name, "model": est.model, "hardware": est.hardware, "engine": est.engine}
+    out.update(micro_batch_size=est.micro_batch, tokens=est.tokens)
+    out.update({col: round(est.gb(*names), 2) for col, names in COLUMNS.items()})
+    out.update(update_gb=round(est.update_gb, 2), engine_gb=round(est.rollout_gb, 2), total_gb=round(est.total_gb, 2))
+    out.update(card_gb=est.card_gb, fits=est.fits, largest_fitting_micro_batch=largest_micro_batch(cfg, est.card_gb))
+    out["problem"] = est.problems[0] if est.problems else ""
+    return out
+
+
+def gpu_experiments() -> list[str]:
+    from pods.train import CONF
+
+    return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pods.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--all", action="store_true", help="every experiment with hardware.device=cuda")
+    ap.add_argument("--out", type=Path, help="with --all: write OUT/estimates.csv")
+    ap.add_argument("--card-gb", type=float, help="the card's memory in GB (default: hardware.gpu_memory_gb)")
+    args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args.all:
+            print(estimate(compose(overrides), args.card_gb).table())
+            return
+        rows = []
+        for name in gpu_experiments():
+            cfg = compose([f"experiment={name}", *overrides])
+            if cfg["hardware"]["device"] != "cuda":
+                continue
+            est = estimate(cfg, args.card_gb)
+            print(f"== experiment={name}\n{est.table()}\n")
+            rows.append(row(name, cfg, est))
+    except (ConfigError, ValueError) as e:
+        print(f"pods: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "estimates.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {args.out / 'estimates.csv'} ({len(rows)} experiments)")
