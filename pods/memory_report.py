@@ -40,10 +40,14 @@ def compose(overrides: list[str]) -> dict:
         return check(_job_dict(_compose(hydra_compose, overrides)))
 
 
+def rows_per_step(cfg: dict) -> int:
+    """The rows a rank trains per optimizer step: no micro-batch is larger."""
+    return micro_batch({**cfg, "hardware": {**cfg["hardware"], "micro_batch_size": 1 << 30}})
+
+
 def largest_micro_batch(cfg: dict, card: float) -> int | None:
-    """The largest hardware.micro_batch_size that fits, up to the rows a rank trains per step (beyond, nothing grows)."""
-    rows = micro_batch({**cfg, "hardware": {**cfg["hardware"], "micro_batch_size": 1 << 30}})
-    return largest_fitting(cfg, card, "hardware", "micro_batch_size", rows)
+    """The largest hardware.micro_batch_size that fits, up to ``rows_per_step`` (beyond it nothing grows)."""
+    return largest_fitting(cfg, card, "hardware", "micro_batch_size", rows_per_step(cfg))
 
 
 def row(name: str, cfg: dict, est: Estimate) -> dict:
@@ -52,6 +56,7 @@ def row(name: str, cfg: dict, est: Estimate) -> dict:
     out.update({col: round(est.gb(*names), 2) for col, names in COLUMNS.items()})
     out.update(update_gb=round(est.update_gb, 2), engine_gb=round(est.rollout_gb, 2), total_gb=round(est.total_gb, 2))
     out.update(card_gb=est.card_gb, fits=est.fits, largest_fitting_micro_batch=largest_micro_batch(cfg, est.card_gb))
+    out["rows_per_step"] = rows_per_step(cfg)
     out["problem"] = est.problems[0] if est.problems else ""
     return out
 
