@@ -123,9 +123,10 @@ def generation_lines(cfg: dict, arch: dict) -> tuple[list[Line], float]:
     """In-process generation with the training module (``hf``, ``sparse_hf``), on top of the trainer's resident state.
 
     hf: a ``generate`` call of ``max_batch // n`` prompts x n (training) or ``max_batch // repeats`` x repeats
-    (evaluation) keeps a dense KV cache and every step's fp32 logits (``output_logits``), which it stacks and divides
-    by T: 4 copies of [sequences, completion, V] x 4 B. sparse_hf: ``max_batch`` sequences whose KV is at most
-    max(budget, prompt) tokens, one step's logits. Both prefill the prompt: one layer's intermediates per token."""
+    (evaluation) keeps a dense KV cache; its logits processor takes each token's log-prob as it goes, so one step's
+    [sequences, V] logits are alive (3 fp32 copies: the scores, their log-softmax, a warper's). sparse_hf:
+    ``max_batch`` sequences whose KV is at most max(budget, prompt) tokens, one step's logits. Both prefill the
+    prompt: one layer's intermediates per token."""
     ro, s, ev, alg = cfg["rollout"], cfg["sampling"], cfg["eval"], cfg["algorithm"]
     a = 4 if cfg["model"]["quantization"] == "4bit" else DTYPE_BYTES[cfg["hardware"]["dtype"]]
     H, F, V = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
@@ -140,12 +141,12 @@ def generation_lines(cfg: dict, arch: dict) -> tuple[list[Line], float]:
             seqs = min(ro["max_batch"], seqs)
             kv, logits = seqs * max(ro["budget"], p_len) * per_tok, seqs * V * 4 * 3
         else:
-            kv, logits = seqs * (p_len + c_len) * per_tok, seqs * c_len * V * 4 * 4
+            kv, logits = seqs * (p_len + c_len) * per_tok, seqs * V * 4 * 3
         prefill = seqs * p_len * (3 * F + 4 * H) * a
         if worst is None or kv + max(prefill, logits) > worst[0]:
             worst = (kv + max(prefill, logits), seqs, c_len, kv, logits, prefill)
     total, seqs, c_len, kv, logits, prefill = worst
-    name, what = ro["name"], "one step's" if ro["name"] == "sparse_hf" else f"{c_len} steps'"
+    name, what = ro["name"], "one step's"
     lines = [
         Line(f"{name} KV cache", kv / GB, f"{seqs} sequences x {per_tok / 1e3:.0f} kB/token"),
         Line(f"{name} logits", logits / GB, f"{what} [{seqs}, {V}] fp32 copies", "max"),
@@ -249,8 +250,10 @@ def refusal(cfg: dict, est: Estimate) -> str:
     for key, value in (("gradient_checkpointing", True), ("logprob_chunk_tokens", 2048)):
         if not hw[key] and estimate(_with(cfg, "hardware", key, value), card).fits:
             fixes.append(f"hardware.{key}={str(value).lower()} fits")
-    if ro["name"] == "hf":
-        fixes.append("rollout=vllm (the hf engine keeps every step's fp32 logits)")
+    if ro["name"] in ("hf", "sparse_hf"):  # in-process generation: its KV cache grows with the sequences per call
+        mb = largest_fitting(cfg, card, "rollout", "max_batch", ro["max_batch"] - 1)
+        if mb:
+            fixes.append(f"rollout.max_batch={mb} fits")
     fix = "; ".join(fixes) or "no single setting fits: use LoRA (hardware=l40s_lora), more GPUs or a larger card"
     return f"{head}: {fix} (python -m pods.memory <overrides> prints the estimate)"
 

@@ -44,7 +44,7 @@ class HFEngine:
         return Rollouts(prompt_ids=prompts, completion_ids=out_ids, texts=texts, logprobs=out_lp, finish_reasons=reasons, n=n)
 
     def _generate_chunk(self, prompts, n, s: Sampling):
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(self.policy.parameters()).device
         prompts = [p for p in prompts for _ in range(n)]  # expanded by hand: greedy with n > 1 works too
@@ -55,7 +55,9 @@ class HFEngine:
         greedy = s.temperature <= 0
         # An explicit config: the model's own generation_config (e.g. Qwen2.5's repetition_penalty 1.05)
         # would change the sampling distribution away from the log-probs reported below.
-        sampling = {} if greedy else dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
+        # Temperature, top-k and top-p are applied by the recorder (below), after it has taken the log-probs of the
+        # raw logits / T: generate() itself samples from what the recorder returns, with no warper of its own.
+        record = _LogprobRecorder(1.0 if greedy else s.temperature, 0 if greedy else s.top_k, 1.0 if greedy else s.top_p)
         config = GenerationConfig(
             do_sample=not greedy,
             max_new_tokens=s.max_tokens,
@@ -63,21 +65,24 @@ class HFEngine:
             eos_token_id=sorted(self.stop_ids),
             stop_strings=list(s.stop) or None,
             return_dict_in_generate=True,
-            output_logits=True,
-            **sampling,
+            **({} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)),
         )
         if s.seed is not None:
             torch.manual_seed(s.seed)
         inner = self.policy.get_base_model() if hasattr(self.policy, "get_base_model") else self.policy
         saved, inner.generation_config = inner.generation_config, GenerationConfig()  # generate() would merge its values in
         try:
-            gen = self.policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, tokenizer=self.tok if s.stop else None)
+            gen = self.policy.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([record]),
+                tokenizer=self.tok if s.stop else None,
+            )
         finally:
             inner.generation_config = saved
         new = gen.sequences[:, width:]  # [B, C]
-        logits = torch.stack(gen.logits, dim=1).float()  # [B, C, V], raw
-        logits = logits / (1.0 if greedy else s.temperature)
-        lp = (logits.gather(-1, new.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)).tolist()
+        lp = record.finish(new).tolist()
         out_ids, out_lp, reasons = [], [], []
         for row, row_lp in zip(new.tolist(), lp):
             end = next((i for i, t in enumerate(row) if t in self.stop_ids), None)
@@ -86,3 +91,40 @@ class HFEngine:
             out_lp.append(row_lp[:keep])
             reasons.append("length" if end is None else "stop")
         return out_ids, out_lp, reasons
+
+
+class _LogprobRecorder:
+    """A logits processor that takes each sampled token's log-prob under the raw logits / T as generation goes, so
+    that one step's [B, V] float32 log-softmax is alive at a time (``output_logits`` would keep every step's: 20 GB
+    for 8 sequences of 4,096 tokens over a 152k vocabulary), then applies temperature, top-k and top-p in
+    transformers' order, as ``generate`` would have. The log-prob reported is the trainer's: logits / T, with no
+    top-k/top-p renormalisation.
+
+    At step t it sees the token chosen at step t - 1 (the last column of ``input_ids``) and reads its log-prob from
+    the previous step's log-softmax; ``finish`` reads the last token's."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.temperature, self.prev, self.logprobs = temperature, None, []
+        self.warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+        self.warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
+        self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.logprobs.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        return scores
+
+    def finish(self, new: torch.Tensor) -> torch.Tensor:
+        """[B, C] log-probs of the C generated tokens ``new`` (C = the number of steps this recorder saw)."""
+        if self.prev is not None:
+            self.logprobs.append(self.prev.gather(-1, new[:, len(self.logprobs)].unsqueeze(-1)).squeeze(-1))
+        self.prev = None
+        if not self.logprobs:
+            return new.new_zeros(new.shape, dtype=torch.float32)
+        assert len(self.logprobs) == new.shape[1], (len(self.logprobs), new.shape)
+        return torch.stack(self.logprobs, dim=1)
