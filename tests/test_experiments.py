@@ -206,7 +206,7 @@ def test_paper_values(exp):
         assert cfg["algorithm"]["n"] * cfg["train"]["prompts_per_step"] == 512
 
 
-@pytest.mark.parametrize("exp", ["toy_pods_64_16_cpu", "paper"])
+@pytest.mark.parametrize("exp", [pytest.param("toy_pods_64_16_cpu", marks=pytest.mark.slow), "paper"])  # toy: test-all
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
     from pods.figures import sweep_jobs

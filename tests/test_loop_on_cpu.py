@@ -153,9 +153,10 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tiny_dir, tmp_p
 
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+FAST = "gsm8k_qwen3b_pods_64_16_l40s"  # the fast tier runs the CPU experiments and this one GPU experiment; test-all all
 
 
-@pytest.mark.parametrize("exp", EXPERIMENTS)
+@pytest.mark.parametrize("exp", [e if e.endswith("_cpu") or e == FAST else pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS])
 def test_every_experiment_runs_two_tiny_steps(exp, tiny_dir, tmp_path):
     """Each experiment's algorithm settings run for real on the tiny model (model/data/hardware swapped to CPU)."""
     cfg = compose([f"experiment={exp}"])
