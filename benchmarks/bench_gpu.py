@@ -26,6 +26,13 @@ with small sizes (``tests/test_bench_gpu.py``), so it is known to work before it
    that size; ``t_update`` includes the probe's two no-grad passes). Random-weight models get random +-1 advantages
    (their rewards are all 0) so every step moves them.
 
+Sizes and model (defaults: the mode's, above): ``--rollouts 16,32,...`` the generation sweep's batch sizes,
+``--micro-batches 1,2,4,...`` the update sweep's (the GA point stays at 2x the largest that fit), ``--models tiny``
+the models measured (keys of ``LABELS``; ``tiny`` = the warm-started tiny model the CPU miniature trains, measured
+on its own task: the toy prompts, completions of ``sampling.max_tokens`` tokens (12), the update under
+``hardware=cpu_mb16``'s settings), ``--no-loop`` Figure 1 only. ``benchmarks/bench_figure1_cpu.py`` (``make
+figure1-cpu``) runs it that way and adds the per-step view.
+
 Each measurement runs in its own process (an out-of-memory or a vLLM engine never leaks into the next). Writes
 ``<out>/<gpu name | cpu>/``: generation.csv, update.csv, loop.csv, figure1.png, summary.txt; prints the summary.
 Exit code 1 when a phase failed or a log-prob gap is above its tolerance.
@@ -123,13 +130,43 @@ def build_random_model(key: str, out_dir: Path, device: str, seed: int = 0) -> d
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     params = sum(p.numel() for p in model.parameters())
-    return {"params_m": round(params / 1e6, 2), "dtype": str(dtype).removeprefix("torch."), "dir": str(out_dir)}
+    return {"params_m": round(params / 1e6, 2), "dtype": str(dtype).removeprefix("torch."), "dir": str(out_dir),
+            "vocab_size": model.config.vocab_size}  # fmt: skip
+
+
+def tiny_model_info(device: str) -> dict:
+    """The warm-started tiny model (``pods.tiny.ensure_tiny``, built on first use): trained weights, not random."""
+    from transformers import AutoModelForCausalLM
+
+    from pods.tiny import ensure_tiny
+
+    path = ensure_tiny()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    params = sum(p.numel() for p in model.parameters())
+    return {"params_m": round(params / 1e6, 3), "dtype": "bfloat16" if device == "cuda" else "float32", "dir": str(path),
+            "vocab_size": model.config.vocab_size}  # fmt: skip
+
+
+def toy_setting(tok, count: int) -> tuple[list[list[int]], int, int]:
+    """The CPU miniature's task for the tiny model: ``count`` distinct training prompts of the toy experiments
+    (chat template applied, as the loop encodes them), their longest length, and the completion length
+    ``sampling.max_tokens``."""
+    from conftest import compose
+    from pods.tasks import DATASETS, encode_prompts
+
+    cfg = compose(["experiment=toy_grpo_16_16_cpu"])
+    ds = cfg["dataset"]
+    ids, _, _ = encode_prompts(DATASETS.get(ds["name"])(ds).train[:count], tok, ds["max_prompt_length"])
+    return ids, max(map(len, ids)), cfg["sampling"]["max_tokens"]
 
 
 def phase_build(a, out: dict) -> None:
     import torch
 
-    out["models"] = {key: build_random_model(key, Path(a.models_dir) / LABELS[key], a.device) for key in a.setting["models"]}
+    out["models"] = {
+        key: tiny_model_info(a.device) if key == "tiny" else build_random_model(key, Path(a.models_dir) / LABELS[key], a.device)
+        for key in a.setting["models"]
+    }
     if a.device == "cuda":
         p = torch.cuda.get_device_properties(0)
         out["device_name"], out["device_mem_gib"] = p.name, round(p.total_memory / 2**30, 1)
@@ -188,8 +225,11 @@ def phase_generation(a, out: dict) -> None:
     s, info = a.setting, a.model_info
     tok = load_tokenizer(info["dir"])
     L, P = s["completion_len"], s["prompt_len"]
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, len(tok), (max(s["batches"]), P), generator=g).tolist()
+    if a.model == "tiny":  # its own task's prompts and completion length
+        prompts, P, L = toy_setting(tok, max(s["batches"]))
+    else:
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(3, len(tok), (max(s["batches"]), P), generator=g).tolist()
     engine = gen_engine(a, info["dir"], tok, s["batches"], L)
     name = "vllm (enforce_eager)" if hasattr(engine, "llm") else "hf generate"
     generate_fixed(engine, prompts[: s["batches"][0]], L)  # warm-up: first-call kernels and allocations
@@ -274,7 +314,10 @@ def update_backend(a, model_dir: str):
     from conftest import compose
     from pods.backends.local import LocalBackend
 
-    over = ["hardware=l40s_lora"] if a.device == "cuda" else ["hardware=cpu", "hardware.gradient_checkpointing=true"]
+    if a.device == "cuda":
+        over = ["hardware=l40s_lora"]
+    else:  # the tiny model: as the CPU miniature trains it (no gradient checkpointing)
+        over = ["hardware=cpu_mb16"] if a.model == "tiny" else ["hardware=cpu", "hardware.gradient_checkpointing=true"]
     over += [f"hardware.finetune={a.finetune}", f"hardware.dtype={a.dtype}", f"hardware.device={a.device}", f"optim.name={optimizer(a)}"]
     over += ["rollout=hf"]  # the engine is not built here
     return LocalBackend(model_dir, compose(over))
@@ -302,7 +345,11 @@ def phase_update(a, out: dict) -> None:
 
     s, info, mem = a.setting, a.model_info, PeakMemory(a.device)
     P, C = s["prompt_len"], s["update_completion_len"]
-    vocab = architecture(a.model)["vocab_size"]
+    if a.model == "tiny":  # the toy task's lengths (random token ids, as for the other models)
+        from pods.models import load_tokenizer
+
+        _, P, C = toy_setting(load_tokenizer(info["dir"]), 1)
+    vocab = info["vocab_size"]
     backend = update_backend(a, info["dir"])
     base = {"model": LABELS[a.model], "params_m": info["params_m"], "dtype": a.dtype, "finetune": a.finetune, "optimizer": optimizer(a),
             "grad_ckpt": bool(backend.model.is_gradient_checkpointing), "seq_len": P + C, "mem_kind": mem.kind}  # fmt: skip
@@ -326,9 +373,11 @@ def phase_update(a, out: dict) -> None:
     if not point(1, 1):  # also the warm-up: the optimizer state is allocated at the first step
         return
     rows.pop()
-    fit, b = 0, 1
-    while b <= s["max_micro"] and point(b, b):
-        fit, b = b, 2 * b
+    fit = 0
+    for b in s["micro_batches"]:
+        if not point(b, b):
+            break
+        fit = b
     if fit:
         point(2 * fit, fit)  # the gradient-accumulation point: twice the largest micro-batch that fit, as two
 
@@ -481,6 +530,8 @@ def run_phase(a, phase: str, result: Path, **job) -> dict:
     else:
         cmd = [sys.executable, __file__, "--phase", phase, "--result", str(result), "--device", a.device, "--engine", a.engine]
         cmd += ["--models-dir", a.models_dir, *(["--small"] if a.small else [])]
+        cmd += [f"--rollouts={_ints(a.rollouts)}"] if a.rollouts else []
+        cmd += [f"--micro-batches={_ints(a.micro_batches)}"] if a.micro_batches else []
         cmd += [f"--{k.replace('_', '-')}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in job.items()]
         proc = subprocess.run(cmd, timeout=a.phase_timeout, capture_output=True, text=True)
         res = json.loads(result.read_text()) if result.exists() else {}
@@ -530,7 +581,7 @@ def summary(info: dict, gen: list[dict], upd: list[dict], checks: list[dict], er
         ga = f" GA x{r['accum_steps']}" if r["accum_steps"] > 1 else ""
         lines.append(f"  {r['model']:<10} {r['finetune']:<5} {r['batch']:>5} ({r['micro_batch']:>4}){ga:<6} -> {r['seconds']:8.3f} s, "
                      f"{r['mem_peak_mib']:9.1f} / {r['mem_update_mib']:8.1f} MiB {r['status']}")  # fmt: skip
-    lines += ["", "loop: sampler/trainer log-prob gap after each sync (max over steps of the per-step mean |diff|)"]
+    lines += ["", "loop: sampler/trainer log-prob gap after each sync (max over steps of the per-step mean |diff|)"] if checks else []
     for c in checks:
         lines.append(f"  {c['model']:<10} {c['finetune']:<18} {c['engine']:<5} {c['dtype']:<8} {c['steps']} steps: gap {c['gap_mean_abs_max']:.2e} "
                      f"(max token {c['gap_max_abs_max']:.2e}), step drift {c['drift_median']:.2e}, tol {c['tolerance']:.0e}: {'OK' if c['ok'] else 'FAIL'}")  # fmt: skip
@@ -562,11 +613,16 @@ def measure_all(a, parts: Path) -> int:
     gen, upd, loop = [], [], []
     jobs = [("generation", gen, dict(model=m)) for m in s["models"]]
     jobs += [("update", upd, dict(model=m, finetune=ft)) for m in s["models"] for ft in ("full", "lora")]
-    jobs += [("loop", loop, dict(model="tiny"))]
     big = QWEN3B if a.device == "cuda" else "cpu"
-    jobs += [("loop", loop, dict(model=big, finetune=ft)) for ft in ("lora", "lora4bit") if ft == "lora" or a.four_bit]
+    if not a.no_loop:
+        jobs += [("loop", loop, dict(model="tiny"))]
+        jobs += [
+            ("loop", loop, dict(model=big, finetune=ft))
+            for ft in ("lora", "lora4bit")
+            if big in s["models"] and (ft == "lora" or a.four_bit)
+        ]
     for i, (phase, rows, job) in enumerate(jobs):
-        if job["model"] != "tiny":
+        if job["model"] in info["models"]:
             job["model_info"] = info["models"][job["model"]]
         res = run_phase(a, phase, parts / f"{i}.json", **job)
         rows += res.get("rows", [])
@@ -578,7 +634,8 @@ def measure_all(a, parts: Path) -> int:
     ]
     for name, rows in (("generation", gen), ("update", upd), ("loop", loop)):
         write_csv(out_dir / f"{name}.csv", [{"device": info["device_name"], **r} for r in rows])
-    figure1(gen, upd, out_dir / "figure1.png", f"{info['device_name']}: measured with random-initialised weights", info)
+    weights = "the warm-started tiny model" if s["models"] == ["tiny"] else "random-initialised weights"
+    figure1(gen, upd, out_dir / "figure1.png", f"{info['device_name']}: measured with {weights}", info)
     text = summary(info, gen, upd, checks, errors)
     (out_dir / "summary.txt").write_text(text)
     print(text, end="")
@@ -598,6 +655,14 @@ def parse(argv=None):
     p.add_argument("--keep-models", action="store_true")
     p.add_argument("--in-process", action="store_true", help="every measurement in this process (faster; CPU tests)")
     p.add_argument("--phase-timeout", type=float, default=3600.0, help="seconds one measurement process may take")
+    p.add_argument(
+        "--models", type=lambda v: v.split(","), help=f"models measured, comma-separated: {', '.join(LABELS)} (default: the mode's)"
+    )
+    p.add_argument("--rollouts", type=_int_list, help="generation sweep: rollouts per batch, e.g. 16,32,64 (default: the mode's)")
+    p.add_argument(
+        "--micro-batches", type=_int_list, help="update sweep: rollouts per micro-batch, e.g. 1,2,4 (default: doubling to the mode's cap)"
+    )
+    p.add_argument("--no-loop", action="store_true", help="Figure 1 only: no training loop, no log-prob check")
     p.add_argument("--phase", choices=list(PHASES), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -608,13 +673,35 @@ def parse(argv=None):
         import torch
 
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
-    a.setting = SETTINGS[a.device + ("-small" if a.small else "")]
+    a.setting = dict(SETTINGS[a.device + ("-small" if a.small else "")])
+    a.setting["micro_batches"] = [2**i for i in range(a.setting["max_micro"].bit_length()) if 2**i <= a.setting["max_micro"]]
+    for key, value in (("models", a.models), ("batches", a.rollouts), ("micro_batches", a.micro_batches)):
+        if value:
+            a.setting[key] = value
+    unknown = [m for m in a.setting["models"] if m not in LABELS]
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)}; known: {', '.join(LABELS)}")
     a.dtype = "bfloat16" if a.device == "cuda" else "float32"
     vllm = _importable("vllm") if a.engine == "auto" else a.engine == "vllm"
     a.gen_engine = "vllm" if vllm and (a.device == "cuda" or a.engine == "vllm") else "hf"
     a.loop_engine = "vllm" if vllm else "hf"
     a.four_bit = a.device == "cuda" and not a.small and _importable("bitsandbytes")
     return a
+
+
+def _int_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]: positive integers, increasing."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1 or values != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"expected increasing positive integers, got {text!r}")
+    return values
+
+
+def _ints(values: list[int]) -> str:
+    return ",".join(map(str, values))
 
 
 def _importable(name: str) -> bool:
