@@ -528,11 +528,7 @@ def run_phase(a, phase: str, result: Path, **job) -> dict:
         except Exception as e:  # noqa: BLE001 - reported like a failed process
             res["error"] = f"{type(e).__name__}: {e}"
     else:
-        cmd = [sys.executable, __file__, "--phase", phase, "--result", str(result), "--device", a.device, "--engine", a.engine]
-        cmd += ["--models-dir", a.models_dir, *(["--small"] if a.small else [])]
-        cmd += [f"--rollouts={_ints(a.rollouts)}"] if a.rollouts else []
-        cmd += [f"--micro-batches={_ints(a.micro_batches)}"] if a.micro_batches else []
-        cmd += [f"--{k.replace('_', '-')}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in job.items()]
+        cmd = [sys.executable, __file__, *phase_args(a, phase, result, job)]
         proc = subprocess.run(cmd, timeout=a.phase_timeout, capture_output=True, text=True)
         res = json.loads(result.read_text()) if result.exists() else {}
         if proc.returncode != 0:
@@ -543,6 +539,16 @@ def run_phase(a, phase: str, result: Path, **job) -> dict:
     if "error" in res:
         print(res["error"], file=sys.stderr, flush=True)
     return res
+
+
+def phase_args(a, phase: str, result: Path, job: dict) -> list[str]:
+    """The command line of one measurement's process: the driver's device, engine and sizes (its ``setting``), and the job."""
+    args = ["--phase", phase, "--result", str(result), "--device", a.device, "--engine", a.engine, "--models-dir", a.models_dir]
+    args += ["--small"] if a.small else []
+    args += [f"--models={','.join(a.models)}"] if a.models else []
+    args += [f"--rollouts={_ints(a.rollouts)}"] if a.rollouts else []
+    args += [f"--micro-batches={_ints(a.micro_batches)}"] if a.micro_batches else []
+    return args + [f"--{k.replace('_', '-')}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in job.items()]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

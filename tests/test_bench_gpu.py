@@ -99,6 +99,35 @@ def test_the_random_models_have_the_papers_architectures():
         assert next(model.parameters()).dtype == torch.bfloat16
 
 
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_a_measurement_process_gets_the_drivers_sizes_and_models(tmp_path):
+    """Each measurement runs in its own process: its command line must give it the driver's models and sweep sizes,
+    or it measures the mode's defaults (``--models tiny`` once built the default model only)."""
+    bench = _bench()
+    for extra in ([], ["--models", "tiny", "--rollouts", "16,256", "--micro-batches", "1,8,256", "--no-loop"]):
+        a = bench.parse(["--device", "cpu", "--engine", "hf", "--small", *extra])
+        a.models_dir = str(tmp_path)
+        child = bench.parse(bench.phase_args(a, "update", tmp_path / "r.json", {"model": "tiny", "finetune": "lora"}))
+        assert child.setting == a.setting and (child.phase, child.model, child.finetune) == ("update", "tiny", "lora")
+    assert a.setting["models"] == ["tiny"] and a.setting["batches"] == [16, 256] and a.setting["micro_batches"] == [1, 8, 256]
+
+
+def test_bad_sizes_are_refused_before_anything_runs():
+    bench = _bench()
+    for bad in (["--rollouts", "16,8"], ["--micro-batches", "0,1"], ["--models", "gpt9"]):
+        with pytest.raises(SystemExit) as e:
+            bench.parse(["--device", "cpu", *bad])
+        assert e.value.code == 2
+
+
 def test_cpu_mode_in_one_process(tmp_path):
     d = run(tmp_path, "--device", "cpu", "--engine", "hf", "--in-process")
     check_results(d, "hf", "hf", "float32", "cpu_peak_rss", "qwen2-cpu")

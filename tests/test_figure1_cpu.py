@@ -4,7 +4,7 @@ Figure 1 on the warm-started tiny model and the per-step view GRPO(n) vs PODS(n-
 What could fail: the per-step rows come from ``pods.loop.rollout_step`` with the CPU experiments' configs, so GRPO
 trains all 2n rollouts (micro-batches of 16) and PODS 2 x 16; both arms generate the same rollouts (same prompts and
 seed); PODS's update at n = 32 costs well under GRPO's (half the sequences), generation grows with n, and the update's
-memory grows with the micro-batch. A bad ``--rollouts`` fails in one line before any model loads.
+memory grows with the micro-batch. A bad ``--rollouts`` is refused (exit 2, argparse's usage and one error line) before any model loads.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_per_step_view_grpo_vs_pods_on_the_tiny_model(tmp_path):
     assert (d / "figure1.png").stat().st_size > 10_000 and (d / "figure1_step.png").stat().st_size > 10_000
 
 
-def test_bad_rollouts_fail_in_one_line(tmp_path):
+def test_bad_rollouts_are_refused_before_any_model_loads(tmp_path):
     proc = run("--rollouts", "8,16", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "every n must be >= 16" in proc.stderr
     assert not any(tmp_path.iterdir())
