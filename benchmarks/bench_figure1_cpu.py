@@ -1,6 +1,6 @@
 """Figure 1 on this machine, on the CPU miniature's own model and task: where the asymmetry PODS exploits holds here.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_figure1_cpu.py [--rollouts 16,32,64,128,256] [--repeats 5] --out results/cpu
+    OMP_NUM_THREADS=1 python benchmarks/bench_figure1_cpu.py [--rollouts 16,32,64,128,256] [--repeats 8] --out results/cpu
 
 1. Figure 1 in ``make gpu-check``'s format (``benchmarks/bench_gpu.py --models tiny --no-loop``, one process per
    measurement): the warm-started tiny model (``pods.tiny.ensure_tiny``), the toy task's prompts, completions of
@@ -22,7 +22,7 @@
    update, GRPO and PODS side by side, against n; (b) update memory and time against sequences per micro-batch, the
    cap of 16 marked), ``summary.txt`` (bench_gpu's table, the per-step table, ``uptime`` before and after, threads).
 
-``make figure1-cpu`` runs it with the defaults (about 5-6 min at load 2 on 2 cores).
+``make figure1-cpu`` runs it with the defaults (216 s at load 2.1-2.5 on 2 cores).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def figure(summary: list[dict], upd: list[dict], path: Path, title: str, cap: in
         ax2.plot([r["batch"] for r in rows], [r["mem_update_mib"] for r in rows], "o-", color=colour, label=ft)
         times.plot([r["batch"] for r in rows], [r["seconds"] for r in rows], "--", color=colour, alpha=0.5)
     ax2.axvline(cap, color="grey", ls=":", lw=1)
-    ax2.annotate(f"hardware=cpu_mb16: micro-batches of {cap}", (cap, 0.02), xycoords=("data", "axes fraction"), xytext=(-4, 0),
+    ax2.annotate(f"hardware=cpu_mb16: micro-batches of {cap}", (cap, 0.6), xycoords=("data", "axes fraction"), xytext=(-4, 0),
                  textcoords="offset points", ha="right", fontsize=8)  # fmt: skip
     ax2.set(xlabel="sequences per micro-batch", ylabel="peak RSS above the step's start (MiB, solid)")
     ax2.set_xscale("log", base=2)
@@ -247,7 +247,7 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = bench_gpu._int_list
     p.add_argument("--rollouts", type=ints, default=[16, 32, 64, 128, 256], help="rollouts per prompt n of the per-step view")
-    p.add_argument("--repeats", type=int, default=5, help="steps per (n, arm), interleaved")
+    p.add_argument("--repeats", type=int, default=8, help="steps per (n, arm), interleaved")
     p.add_argument("--batches", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256], help="Figure 1(a): rollouts per generate batch")
     p.add_argument("--micro-batches", type=ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256], help="Figure 1(b): sequences per micro-batch")
     p.add_argument("--out", default="results/cpu", help="results go to OUT/NAME/")
