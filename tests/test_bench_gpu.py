@@ -128,6 +128,7 @@ def test_bad_sizes_are_refused_before_anything_runs():
         assert e.value.code == 2
 
 
+@pytest.mark.slow  # a benchmark run (20-30 s): make test-all
 def test_cpu_mode_in_one_process(tmp_path):
     d = run(tmp_path, "--device", "cpu", "--engine", "hf", "--in-process")
     check_results(d, "hf", "hf", "float32", "cpu_peak_rss", "qwen2-cpu")

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_figure1_cpu.py"
 
@@ -29,6 +31,7 @@ def rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a benchmark run (20-30 s): make test-all
 def test_per_step_view_grpo_vs_pods_on_the_tiny_model(tmp_path):
     sizes = ["--rollouts", "16,32", "--repeats", "2", "--batches", "2,8", "--micro-batches", "1,4"]
     proc = run(*sizes, "--in-process", "--out", str(tmp_path))
