@@ -121,6 +121,7 @@ def test_layer_activations_equal_autograds_saved_tensors(dtype, lora):
     assert (saved(3) - saved(1)) / 2 == per_layer * B * T + B * T * T * a
 
 
+@pytest.mark.slow  # 10-16 s: make test-all
 def test_update_estimate_within_25pc_of_cpu_peak_rss(tmp_path):
     """The trainer's real update step (LocalBackend, fp32, hardware=cpu_mb16: 16 sequences of 512 tokens per
     micro-batch) in a subprocess, two ways: every layer's activations kept and one log-softmax over all 7,168
@@ -181,6 +182,7 @@ def test_qwen3b_bf16_weights_and_what_grows():
     assert weights == pytest.approx([2 * QWEN3B_PARAMS / n for n in (1, 2, 4, 8)], rel=1e-3)  # the norms stay whole
 
 
+@pytest.mark.slow  # 10-16 s: make test-all
 def test_every_gpu_experiment_fits_its_card():
     """The shipped GPU experiments at their micro-batch sizes. The dense Sparse-RL baseline (HF generate, 4,096-token
     completions) fits only because the HF engine takes each log-prob as it samples (one step's logits, not 4,096)

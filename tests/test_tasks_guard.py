@@ -142,6 +142,7 @@ def _adversarial(n: int, seed: int = 0) -> list[str]:
     return out + ["a" * 1_000_000 + " 18", "\\boxed{" * 200_000, "(" * 500_000]  # three 1 MB-class strings
 
 
+@pytest.mark.slow  # 6-7 s each: make test-all
 @pytest.mark.parametrize("seed,grader,recipe", [(1, "lenient", "pods_release"), (2, "math_verify", "open_r1"), (3, "boxed", "pods_head")])
 def test_fuzz_adversarial_completions_finish_within_the_limit(seed, grader, recipe):
     completions = _adversarial(1000, seed=seed)
