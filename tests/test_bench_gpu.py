@@ -82,6 +82,7 @@ def check_results(d: Path, gen_engine: str, loop_engine: str, dtype: str, mem_ki
     assert "OK" in (d / "summary.txt").read_text()
 
 
+@pytest.mark.slow  # builds 3B/7B models on the meta device (5 s): make test-all
 def test_the_random_models_have_the_papers_architectures():
     """The models the GPU mode builds, on the meta device (shapes only): parameter counts of the hub's
     Qwen2.5-3B-Instruct (3,085,938,688; tied embeddings) and Qwen2.5-7B-Instruct (7,615,616,512) safetensors."""

@@ -206,8 +206,17 @@ def test_paper_values(exp):
         assert cfg["algorithm"]["n"] * cfg["train"]["prompts_per_step"] == 512
 
 
-@pytest.mark.parametrize("exp", [pytest.param("toy_pods_64_16_cpu", marks=pytest.mark.slow), "paper"])  # toy: test-all
-@pytest.mark.parametrize("sweep", SWEEPS)
+FAST_SWEEPS = {"n_sweep", "m_sweep"}  # the fast tier expands the paper's two ablations; make test-all every sweep x both
+
+
+@pytest.mark.parametrize(
+    "sweep,exp",
+    [
+        (sweep, exp) if exp == "paper" and sweep in FAST_SWEEPS else pytest.param(sweep, exp, marks=pytest.mark.slow)
+        for sweep in SWEEPS
+        for exp in ("toy_pods_64_16_cpu", "paper")
+    ],
+)
 def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
     from pods.figures import sweep_jobs
 
