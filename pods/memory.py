@@ -81,6 +81,8 @@ def vllm_lines(cfg: dict, arch: dict, card: float | None) -> tuple[list[Line], f
     whole model in ``rollout.dtype`` (a 4-bit base is served in bf16). Workspace: max_num_batched_tokens (vLLM's
     default for ``LLM``: 16384 on >= 70 GiB cards other than A100, else 8192) x one layer's intermediates, and the
     sampler's [max_num_seqs, V] fp32 copies. Sleep mode frees weights and KV cache during the update."""
+    from pods.engines.vllm import context_length
+
     ro, hw = cfg["rollout"], cfg["hardware"]
     d = DTYPE_BYTES[ro["dtype"]]
     H, F, V, P = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"], parameter_count(arch)
@@ -88,7 +90,7 @@ def vllm_lines(cfg: dict, arch: dict, card: float | None) -> tuple[list[Line], f
     mnbt = int(ro["extra_args"].get("max_num_batched_tokens") or (16384 if big else 8192))
     weights, work = P * d, mnbt * (3 * F + 4 * H) * d + ro["max_num_seqs"] * V * 4 * 3 + VLLM_NON_TORCH_GB * GB
     per_tok = kv_bytes_per_token(arch, d)
-    mml = int(ro["max_model_len"] or ro["prompt_budget"] + max(ro["completion_budget"]))  # as pods.engines.vllm sets it
+    mml = context_length(ro)  # the engine's max_model_len
     lines = [
         Line("vLLM weights", weights / GB, f"{P / 1e9:.2f}B x {d} B"),
         Line("vLLM workspace", work / GB, f"{mnbt} batched tokens + sampler"),
@@ -139,17 +141,17 @@ def generation_lines(cfg: dict, arch: dict) -> tuple[list[Line], float]:
     for seqs, c_len in calls:
         if ro["name"] == "sparse_hf":
             seqs = min(ro["max_batch"], seqs)
-            kv, logits = seqs * max(ro["budget"], p_len) * per_tok, seqs * V * 4 * 3
+            kv = seqs * max(ro["budget"], p_len) * per_tok
         else:
-            kv, logits = seqs * (p_len + c_len) * per_tok, seqs * V * 4 * 3
-        prefill = seqs * p_len * (3 * F + 4 * H) * a
+            kv = seqs * (p_len + c_len) * per_tok
+        logits, prefill = seqs * V * 4 * 3, seqs * p_len * (3 * F + 4 * H) * a
         if worst is None or kv + max(prefill, logits) > worst[0]:
-            worst = (kv + max(prefill, logits), seqs, c_len, kv, logits, prefill)
-    total, seqs, c_len, kv, logits, prefill = worst
-    name, what = ro["name"], "one step's"
+            worst = (kv + max(prefill, logits), seqs, kv, logits, prefill)
+    total, seqs, kv, logits, prefill = worst
+    name = ro["name"]
     lines = [
         Line(f"{name} KV cache", kv / GB, f"{seqs} sequences x {per_tok / 1e3:.0f} kB/token"),
-        Line(f"{name} logits", logits / GB, f"{what} [{seqs}, {V}] fp32 copies", "max"),
+        Line(f"{name} logits", logits / GB, f"one step's [{seqs}, {V}] fp32 copies", "max"),
         Line(f"{name} prefill", prefill / GB, f"{seqs} x {p_len} prompt tokens, one layer", "max"),
     ]
     return lines, total / GB

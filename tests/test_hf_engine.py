@@ -43,7 +43,8 @@ def test_sampled_tokens_and_logprobs_equal_generate_with_every_steps_logits(mode
 
     model, tok = model_tok
     prompts = _prompts(tok)
-    ro = ENGINES.get("hf")(tiny_dir, tok, complete(HfRollout, name="hf"), policy=model).generate(prompts, 4, sampling)
+    engine = ENGINES.get("hf")(tiny_dir, tok, complete(HfRollout, name="hf"), policy=model)
+    ro = engine.generate(prompts, 4, sampling)
     assert max(map(len, ro.completion_ids)) > 4  # completions long enough that step t - 1's bookkeeping matters
 
     rows = [p for p in prompts for _ in range(4)]
@@ -52,7 +53,7 @@ def test_sampled_tokens_and_logprobs_equal_generate_with_every_steps_logits(mode
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
     greedy = sampling.temperature <= 0
     warp = {} if greedy else dict(temperature=sampling.temperature, top_k=max(sampling.top_k, 0), top_p=sampling.top_p)
-    config = GenerationConfig(do_sample=not greedy, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=sorted(ro_stop(model)),
+    config = GenerationConfig(do_sample=not greedy, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=sorted(engine.stop_ids),
                               return_dict_in_generate=True, output_logits=True, **warp)  # fmt: skip
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
@@ -68,8 +69,3 @@ def test_sampled_tokens_and_logprobs_equal_generate_with_every_steps_logits(mode
     for i, (c, lp) in enumerate(zip(ro.completion_ids, ro.logprobs)):
         assert c == new[i, : len(c)].tolist()
         assert max(abs(a - b) for a, b in zip(lp, ref_lp[i, : len(c)].tolist())) < 1e-5
-
-
-def ro_stop(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos]) - {None}

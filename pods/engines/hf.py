@@ -97,24 +97,24 @@ class _LogprobRecorder:
     """A logits processor that takes each sampled token's log-prob under the raw logits / T as generation goes, so
     that one step's [B, V] float32 log-softmax is alive at a time (``output_logits`` would keep every step's: 20 GB
     for 8 sequences of 4,096 tokens over a 152k vocabulary), then applies temperature, top-k and top-p in
-    transformers' order, as ``generate`` would have. The log-prob reported is the trainer's: logits / T, with no
-    top-k/top-p renormalisation.
+    transformers' order (top-k, top-p on the scaled logits), as ``generate`` would have. The log-prob reported is
+    the trainer's: logits / T, with no top-k/top-p renormalisation.
 
     At step t it sees the token chosen at step t - 1 (the last column of ``input_ids``) and reads its log-prob from
     the previous step's log-softmax; ``finish`` reads the last token's."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float):
-        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        from transformers import TopKLogitsWarper, TopPLogitsWarper
 
         self.temperature, self.prev, self.logprobs = temperature, None, []
-        self.warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-        self.warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
+        self.warpers = [TopKLogitsWarper(top_k)] if top_k > 0 else []
         self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
             self.logprobs.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        scores = scores / self.temperature  # what transformers' temperature warper does, first
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
         for warp in self.warpers:
             scores = warp(input_ids, scores)
         return scores
