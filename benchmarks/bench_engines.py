@@ -34,12 +34,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script without installing the package
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, compose  # noqa: E402  (the repository on sys.path; the config tree composed)
 
 OUT = ROOT / "results" / "bench" / "engines.csv"
 ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.25"]
+ROWS: list[dict] = []
 
 
 def timed(fn):
@@ -48,39 +48,24 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def main() -> None:
-    import torch
+def row(metric: str, engine: str, setting: str, values: list[float], unit: str) -> None:
+    ROWS.append(
+        {
+            "metric": metric,
+            "engine": engine,
+            "setting": setting,
+            "median": round(statistics.median(values), 4),
+            "min": round(min(values), 4),
+            "unit": unit,
+            "repeats": len(values),
+        }
+    )
 
-    from conftest import compose
-    from pods.backends import build_batch
-    from pods.backends.local import LocalBackend
-    from pods.engines import ENGINES, Sampling
-    from pods.engines.hf import HFEngine
-    from pods.models import load_tokenizer
-    from pods.tasks import DATASETS, encode_prompts
-    from pods.tiny import ensure_tiny
 
-    torch.set_num_threads(THREADS)
-    tiny = ensure_tiny()
-    tok = load_tokenizer(str(tiny))
-    prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:4], tok, None)[0]
-    rows = []
+def bench_start(tiny, tok, cfg: dict):
+    """In-process starts: the first (with ``import vllm``), then three more after ``close()``; returns the last engine."""
+    from pods.engines import ENGINES
 
-    def row(metric, engine, setting, values, unit):
-        rows.append(
-            {
-                "metric": metric,
-                "engine": engine,
-                "setting": setting,
-                "median": round(statistics.median(values), 4),
-                "min": round(min(values), 4),
-                "unit": unit,
-                "repeats": len(values),
-            }
-        )
-
-    # start
-    cfg = compose(ENGINE)
     first, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
     row("start", "vllm", "in-process, first (incl. import vllm)", [first], "s")
     starts = []
@@ -89,12 +74,15 @@ def main() -> None:
         t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
         starts.append(t)
     row("start", "vllm", "in-process, later", starts, "s")
+    return eng
 
-    # throughput: HF engine (the live policy) vs vLLM, same weights
-    backend = LocalBackend(str(tiny), cfg)
+
+def bench_throughput(tiny, tok, eng, backend, prompts, sampling) -> None:
+    """The HF engine (the live policy) vs vLLM with the same weights, interleaved repeat by repeat."""
+    from pods.engines.hf import HFEngine
+
     eng.load_weights(backend.export_weights())
     hf = HFEngine(tiny, tok, {"max_batch": 256}, policy=backend.policy)
-    sampling = Sampling(temperature=1.0, max_tokens=12)
     for n in (16, 64):
         rates = {"hf": [], "vllm": []}
         for e in (hf, eng):
@@ -106,39 +94,71 @@ def main() -> None:
         for name, r in rates.items():
             row("tokens_per_s", name, f"G={len(prompts)} n={n} max_tokens=12", r, "tok/s")
 
-    # sync after a real optimizer step
+
+def sync_times(eng, backend) -> list[float]:
+    """ms of ``3 x REPEATS`` weight pushes after one warm-up push."""
+    times = []
+    for _ in range(3 * REPEATS + 1):
+        eng.load_weights(backend.export_weights())
+        times.append(eng.last_sync_s * 1e3)
+    return times[1:]
+
+
+def bench_sync(tiny, eng, prompts, sampling) -> None:
+    """The sync after a real optimizer step, full fine-tuning and LoRA."""
+    import torch
+
+    from pods.backends import build_batch
+    from pods.backends.local import LocalBackend
+
     for finetune in ("full", "lora"):
         be = LocalBackend(str(tiny), compose([*ENGINE, f"hardware.finetune={finetune}"]))
         ro = eng.generate(prompts, 4, sampling)
         batch = build_batch([p for p in prompts for _ in range(4)], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
         be.update(batch, lr=1e-3)
-        times = []
-        for _ in range(3 * REPEATS + 1):
-            eng.load_weights(be.export_weights())
-            times.append(eng.last_sync_s * 1e3)
-        row("sync", "vllm", f"{finetune}, in-process", times[1:], "ms")
-    eng.close()
+        row("sync", "vllm", f"{finetune}, in-process", sync_times(eng, be), "ms")
 
-    # multi-process engine (vLLM's engine-core process): start and sync over RPC
+
+def bench_multiprocess(tiny, tok, backend) -> None:
+    """vLLM's engine-core process: its start, and the sync over RPC."""
+    from pods.engines import ENGINES
+
     mp = compose([*ENGINE, "rollout.multiprocessing=true"])
     t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp["rollout"]))
     row("start", "vllm", "multi-process", [t], "s")
-    times = []
-    for _ in range(3 * REPEATS + 1):
-        eng.load_weights(backend.export_weights())
-        times.append(eng.last_sync_s * 1e3)
-    row("sync", "vllm", "full, multi-process (safetensors over RPC)", times[1:], "ms")
+    row("sync", "vllm", "full, multi-process (safetensors over RPC)", sync_times(eng, backend), "ms")
     eng.close()
 
+
+def main() -> None:
+    import torch
+
+    from pods.backends.local import LocalBackend
+    from pods.engines import Sampling
+    from pods.models import load_tokenizer
+    from pods.tasks import DATASETS, encode_prompts
+    from pods.tiny import ensure_tiny
+
+    torch.set_num_threads(THREADS)
+    tiny = ensure_tiny()
+    tok = load_tokenizer(str(tiny))
+    prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:4], tok, None)[0]
+    cfg, sampling = compose(ENGINE), Sampling(temperature=1.0, max_tokens=12)
+    eng = bench_start(tiny, tok, cfg)
+    backend = LocalBackend(str(tiny), cfg)
+    bench_throughput(tiny, tok, eng, backend, prompts, sampling)
+    bench_sync(tiny, eng, prompts, sampling)
+    eng.close()
+    bench_multiprocess(tiny, tok, backend)
     params = sum(p.numel() for p in backend.policy.parameters())
-    for r in rows:
+    for r in ROWS:
         r["model"] = f"tiny ({params / 1e6:.2f}M params, fp32)"
         r["threads"] = THREADS
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(ROWS[0]))
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(ROWS)
     print(OUT.read_text(), end="")
 
 

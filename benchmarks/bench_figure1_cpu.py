@@ -40,7 +40,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the CPU experiments' one torch thread (hardware=cpu_mb16), also in bench_gpu's processes
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_gpu  # noqa: E402  (puts the repo and tests/ on sys.path: pods, conftest.compose)
+import bench_gpu  # noqa: E402  (puts the repository on sys.path)
+from _common import compose  # noqa: E402
 
 ARMS = {"GRPO": "toy_grpo_16_16_cpu", "PODS": "toy_pods_64_16_cpu"}
 M = 16  # PODS keeps m = 16 per prompt, as in the CPU experiments
@@ -48,7 +49,6 @@ M = 16  # PODS keeps m = 16 per prompt, as in the CPU experiments
 
 def arm_config(arm: str, n: int) -> dict:
     """The CPU experiment of ``arm`` with n rollouts per prompt (GRPO: m = n; PODS: m = 16), validated as train() does."""
-    from conftest import compose
     from pods.config import validate
 
     return validate(compose([f"experiment={ARMS[arm]}", f"algorithm.n={n}", *([f"algorithm.m={M}"] if arm == "PODS" else [])]))
@@ -93,7 +93,7 @@ def measure_steps(rollouts: list[int], repeats: int, log=print) -> list[dict]:
     """Interleaved GRPO(n) / PODS(n->16) steps: ``repeats`` x len(rollouts) x 2 rows, after one warm-up step per arm."""
     cfgs = {(arm, n): arm_config(arm, n) for arm in ARMS for n in rollouts}
     strip = ("name", "n", "m", "rule")
-    loss_keys = [{k: v for k, v in c["algorithm"].items() if k not in strip} for c in cfgs.values()]
+    loss_keys = [{k: v for k, v in c.algorithm.model_dump().items() if k not in strip} for c in cfgs.values()]
     assert all(k == loss_keys[0] for k in loss_keys), "the arms' configs differ beyond n, m and rule: one backend cannot serve both"
     built = build(cfgs[("GRPO", rollouts[0])])
     G, micro = cfgs[("GRPO", rollouts[0])]["train"]["prompts_per_step"], built[0].micro_batch_size

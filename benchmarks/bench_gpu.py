@@ -58,11 +58,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script without installing the package
-sys.path.insert(0, str(ROOT / "tests"))  # conftest.compose / shrink: the real config tree, composed and shrunk
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, compose, short_run  # noqa: E402  (the repository on sys.path; the config tree composed)
 
 QWEN3B, QWEN7B = "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
+MODELS_DIR = Path(os.environ.get("PODS_CACHE", ROOT / ".cache")) / "bench_models"  # not /tmp: often a small RAM disk
 CPU_ARCH = dict(hidden_size=128, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)
 LABELS = {QWEN3B: "qwen2.5-3b", QWEN7B: "qwen2.5-7b", "cpu": "qwen2-cpu", "tiny": "tiny"}
 GAP_TOL = {"float32": 1e-3, "bfloat16": 5e-2}  # mean |sampler - trainer| log-prob per token, after a sync
@@ -151,7 +151,6 @@ def toy_setting(tok, count: int) -> tuple[list[list[int]], int, int]:
     """The CPU miniature's task for the tiny model: ``count`` distinct training prompts of the toy experiments
     (chat template applied, as the loop encodes them), their longest length, and the completion length
     ``sampling.max_tokens``."""
-    from conftest import compose
     from pods.tasks import DATASETS, encode_prompts
 
     cfg = compose(["experiment=toy_grpo_16_16_cpu"])
@@ -184,7 +183,6 @@ def phase_build(a, out: dict) -> None:
 # ---- 2. Figure 1(a): generation time per token against rollouts per batch ---------------------------------------
 def gen_engine(a, model_dir: str, tok, batches: list[int], length: int):
     """The project's engine for this model: ``vllm`` (its settings, one batch of up to max(batches) sequences) or ``hf``."""
-    from conftest import compose
     from pods.engines import ENGINES
     from pods.models import load_policy
 
@@ -311,7 +309,6 @@ def update_batch(rollouts: int, P: int, C: int, vocab: int, seed: int):
 
 def update_backend(a, model_dir: str):
     """``LocalBackend`` as the loop builds it: the single-GPU profile (gradient checkpointing, chunked log-probs)."""
-    from conftest import compose
     from pods.backends.local import LocalBackend
 
     if a.device == "cuda":
@@ -408,10 +405,9 @@ def random_sign(rewards):
 
 
 def loop_config(a, steps: int) -> dict:
-    from conftest import compose, shrink
-
     s, cuda = a.setting, a.device == "cuda"
-    over = [f"rollout={a.loop_engine}", f"algorithm.n={s['n']}", f"algorithm.m={s['m']}"]
+    over = [f"rollout={a.loop_engine}", f"algorithm.n={s['n']}", f"algorithm.m={s['m']}", *short_run(steps, s["loop_tokens"])]
+    over += [f"sampling.max_tokens={s['loop_tokens']}", f"eval.max_tokens={s['loop_tokens']}"]  # composed in: vLLM's max_model_len follows
     over += ["rollout.kv_cache_gib=0.25"] if a.loop_engine == "vllm" and not cuda else []
     if a.model == "tiny":
         over += [f"hardware.device={a.device}", f"hardware.dtype={a.dtype}"]
@@ -419,9 +415,7 @@ def loop_config(a, steps: int) -> dict:
         over += ["hardware=l40s_lora"] if cuda else ["hardware.finetune=lora"]
         over += ["model=qwen2_5_3b_instruct", f"model.path={a.model_info['dir']}", f"optim.name={optimizer(a)}", "optim.lr=1e-3"]
         over += ["algorithm.advantage=bench_random_sign", f"model.quantization={'4bit' if a.finetune == 'lora4bit' else 'null'}"]
-    cfg = shrink(compose(over), steps)
-    cfg["sampling"]["max_tokens"] = cfg["eval"]["max_tokens"] = s["loop_tokens"]
-    cfg["train"]["checkpoint_at_end"] = False
+    cfg = compose(over)
     if not cuda:  # the caller's thread count (OMP_NUM_THREADS), not the CPU profile's 2: spinning threads on a shared machine
         cfg["hardware"]["torch_threads"] = __import__("torch").get_num_threads()
     cfg["hardware"]["backend"] = "bench_probe_" + cfg["hardware"]["backend"]
@@ -597,7 +591,8 @@ def summary(info: dict, gen: list[dict], upd: list[dict], checks: list[dict], er
 
 def main(a) -> int:
     """Every measurement, then the CSVs, the figure and the summary; the random models and the per-measurement results
-    live in temporary directories (the models' inside ``--models-dir`` when given), removed at the end."""
+    live in temporary directories (the models' inside ``--models-dir``, default ``.cache/bench_models``), removed at the end."""
+    Path(a.models_dir).mkdir(parents=True, exist_ok=True)
     a.models_dir = tempfile.mkdtemp(prefix="pods-bench-models-", dir=a.models_dir)
     parts = Path(tempfile.mkdtemp(prefix="pods-bench-parts-"))
     try:
@@ -657,7 +652,7 @@ def parse(argv=None):
                    help="auto: vLLM when importable (generation: on CUDA only), else the HF engine")  # fmt: skip
     p.add_argument("--out", default="results/gpu", help="results go to OUT/<gpu name | cpu>/")
     p.add_argument("--name", help="the results directory's name under OUT (default: the device's name)")
-    p.add_argument("--models-dir", help="where the random models' temporary directory goes (default: the system's; 3B + 7B: about 21 GB)")
+    p.add_argument("--models-dir", default=str(MODELS_DIR), help="where the random models' temporary directory goes (3B + 7B: about 21 GB)")
     p.add_argument("--keep-models", action="store_true")
     p.add_argument("--in-process", action="store_true", help="every measurement in this process (faster; CPU tests)")
     p.add_argument("--phase-timeout", type=float, default=3600.0, help="seconds one measurement process may take")
@@ -729,5 +724,7 @@ def phase_main(a) -> int:
 if __name__ == "__main__":  # vLLM may spawn processes: keep the guard
     args = parse()
     if args.device == "cuda" and not __import__("torch").cuda.is_available():
-        sys.exit("bench_gpu: --device cuda but no CUDA device is visible here; use --device cpu")
+        from pods.gpu_env import cuda_report
+
+        sys.exit(f"bench_gpu: --device cuda, but {cuda_report()[1]}")
     sys.exit(phase_main(args) if args.phase else main(args))

@@ -2,7 +2,7 @@
 
 Used where a model's shape is needed without its files: the memory estimate (``pods.memory``) of a run whose model
 is a hub id not on this machine, and the GPU check (``benchmarks/bench_gpu.py``), which builds random-initialised
-models of the exact architectures. ``model_config(model_cfg)`` reads a local directory's config.json when the
+models of the exact architectures. ``model_config(model)`` reads a local directory's config.json when the
 model section points at one, else the table below by hub id, else the tiny model's spec.
 """
 
@@ -77,6 +77,15 @@ ARCHITECTURES["Qwen/Qwen2.5-Math-7B"] = {
     "max_position_embeddings": 4096,
     "rope_theta": 10000.0,
 }
+ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"] = {  # D3S's speed table (Table 3)
+    **ARCHITECTURES["Qwen/Qwen2.5-3B-Instruct"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+}
 ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"] = {
     **ARCHITECTURES["meta-llama/Llama-3.2-3B-Instruct"],
     "hidden_size": 4096,
@@ -98,13 +107,13 @@ def tiny_config(spec: dict | None = None) -> dict:
     """The tiny model's config.json fields, from ``pods.tiny.DEFAULT_SPEC`` updated by ``spec``."""
     from pods.tiny import DEFAULT_SPEC
 
-    s = {**DEFAULT_SPEC, **(spec or {})}
+    full = {**DEFAULT_SPEC, **(spec or {})}
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
-    out = {k: s[k] for k in keys}
+    out = {k: full[k] for k in keys}
     out.update(
         architectures=["Qwen2ForCausalLM"],
         model_type="qwen2",
-        max_position_embeddings=s["max_position_embeddings"],
+        max_position_embeddings=full["max_position_embeddings"],
         tie_word_embeddings=True,
         hidden_act="silu",
         torch_dtype="float32",
@@ -112,11 +121,15 @@ def tiny_config(spec: dict | None = None) -> dict:
     return out
 
 
-def model_config(model_cfg: dict) -> dict:
-    """config.json of the model a ``model`` config section names: a local directory's file, the table, or the tiny spec."""
-    path = model_cfg.get("path")
-    if model_cfg.get("builder") == "tiny":
-        return tiny_config(model_cfg.get("spec"))
+def model_config(model) -> dict:
+    """config.json of the model a ``model`` config section (``pods.schema.Model``, or a plain dict of it) names: a local
+    directory's file, the table, or the tiny spec."""
+    from pods.schema import Model
+
+    model = Model.of(model)
+    path = model.path
+    if model.builder == "tiny":
+        return tiny_config(model.spec)
     if path and (Path(path) / "config.json").is_file():
         return json.loads((Path(path) / "config.json").read_text())
     if path in ARCHITECTURES:

@@ -23,17 +23,22 @@ import pickle
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from pods.schema import Train
 
 FORMAT = "pods-checkpoint/2"
 END_CHOICES = ("full", "weights", "false")
 
 
-def end_mode(t: dict) -> str:
-    """``train.checkpoint_at_end`` as one of ``END_CHOICES`` (YAML true/false mean full/false)."""
-    v = t["checkpoint_at_end"]
+def end_mode(train: Train) -> str:
+    """``train.checkpoint_at_end`` (``train``: the train section) as one of ``END_CHOICES`` (YAML true/false mean
+    full/false)."""
+    v = train.checkpoint_at_end
     if v is True:
         return "full"
     return "false" if v in (False, None) else str(v)
@@ -56,9 +61,9 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"])
-    p, n = s["python"], s["numpy"]
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    p, n = state["python"], state["numpy"]
     random.setstate((p["version"], tuple(p["mt"].tolist()), p["gauss"]))
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
 
@@ -125,7 +130,7 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 def read(path: Path) -> dict:
     """The checkpoint's contents, without running any code from the file; one clear line if it is not ours."""
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
 
     if not path.exists():
         raise FileNotFoundError(f"train.resume: checkpoint {path} does not exist")
@@ -147,7 +152,7 @@ def _reason(e: Exception) -> str:
 
 def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
     """Restore backend and sampler in place; returns (loop state, this rank's extra rng states)."""
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
 
     blob = read(path)
     world = dist.world if dist is not None else 1

@@ -6,7 +6,10 @@ Three registered pieces, all chosen by name in the algorithm section; GRPO, PODS
   (``algorithm.advantage_scope: group``), never re-normalised after selection:
   ``d3s_intra`` keeps, per prompt group, the m rollouts whose advantages have the largest variance;
   ``d3s_cross`` keeps, over all G groups of the step (this rank's), the G * m rollouts whose advantages have
-  the largest variance, so a group can give any number 0..n.
+  the largest variance, so a group can give any number 0..n; ``d3s_cross_step`` does the same over every rank's
+  groups (the paper's batch is the whole step: exact, gathered, and each rank then trains an equal share);
+  ``d3s_two_stage`` reads "a further cross-group selection" as intra-group first (``algorithm.m_intra`` per
+  group), then cross-group over the union, also over every rank.
 - Token level (``pods.tokens.TOKEN_SELECTORS``): ``d3s_top_k`` keeps the top K fraction of the step's
   completion tokens by ``|A_i| * H_i,t`` (H = the policy's entropy over the vocabulary), over every
   micro-batch and every rank, and drops the rest from the loss (``batch.loss_mask``).
@@ -29,29 +32,20 @@ import torch
 from torch import Tensor
 
 from pods.downsample import max_variance
-from pods.schedules import RAMPS
+from pods.schedules import ramped
+from pods.schema import Algorithm
+from pods.step import kept_per_group
 
 
-def ramped(start: float, final: float | None, progress: float, ramp: str = "linear") -> float:
-    """``(1 - r) * start + r * final`` with ``r = RAMPS[ramp](progress)``; ``final`` None = constant ``start``."""
-    if final is None:
-        return float(start)
-    r = RAMPS.get(ramp)(min(max(float(progress), 0.0), 1.0))
-    return (1.0 - r) * float(start) + r * float(final)
-
-
-def sample_count(alg: dict, progress: float) -> int:
-    """N(p): rollouts kept per prompt group (for ``d3s_cross``: per group on average) at progress p.
-
-    ``algorithm.m`` at p = 0, ``algorithm.m_final`` (null = m, no schedule) at p = 1, rounded half up.
-    """
-    value = ramped(alg["m"], alg["m_final"], progress, alg["ramp"])
-    return int(math.floor(value + 0.5))
+def sample_count(alg, progress: float) -> int:
+    """N(p): rollouts kept per prompt group at progress p (``pods.step.kept_per_group``; kept for callers)."""
+    return kept_per_group(Algorithm.of(alg), progress)
 
 
 def token_fraction(alg: dict, progress: float) -> float:
     """K(p): fraction of the step's completion tokens kept, ``token_keep`` -> ``token_keep_final``."""
-    return ramped(alg["token_keep"], alg["token_keep_final"], progress, alg["ramp"])
+    alg = Algorithm.of(alg)
+    return ramped(alg.token_keep, alg.token_keep_final, progress, alg.ramp)
 
 
 # ---- sample level -------------------------------------------------------------------------------------------
@@ -94,6 +88,49 @@ def cross_group(advantages: Tensor, m: int, *, generator: torch.Generator | None
 cross_group.cross_group = True  # the rule returns flat row indices over the whole step (pods.downsample.kept_rows)
 
 
+def cross_step(advantages: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
+    """D3S-C over the whole step of every rank: ``cross_group`` on all W ranks' groups at once (the paper's batch).
+
+    Args:
+        advantages: ``[W * G, n]``: every rank's full-group advantages in rank order (``pods.downsample.kept_rows``
+            gathers them; on one process W = 1 and this is ``cross_group``).
+        m: rollouts kept per group on average; W * G * m are kept in all.
+        generator: unused (deterministic).
+    Returns:
+        ``LongTensor[W * G * m]``: flat row indices into the W * G * n rows, ascending. Every rank computes the same
+        selection; rank r trains the r-th of W equal slices of it (``pods.downsample.take_rows`` moves those rows
+        to it), so every rank still trains G * m rows (lockstep forwards under ZeRO-3, the same normalisers).
+    """
+    return cross_group(advantages, m)
+
+
+def two_stage(advantages: Tensor, m: int, *, generator: torch.Generator | None = None, m_intra: int | None = None) -> Tensor:
+    """D3S-C read as two stages: per group the ``m_intra`` rollouts of maximal Var(A) (D3S-I), then over the union of
+    those G * m_intra rollouts the G * m of maximal Var(A) (exact at each stage, by the lemma of the module docstring).
+
+    Args:
+        advantages: ``[W * G, n]`` every rank's full-group advantages (gathered, as ``cross_step``).
+        m: rollouts kept per group on average in the end, ``m <= m_intra``.
+        generator: unused (deterministic).
+        m_intra: rollouts per group kept by the first stage (``algorithm.m_intra``); None = n, which makes the first
+            stage keep everything and the rule equal to ``cross_step``.
+    Returns:
+        ``LongTensor[W * G * m]``: flat row indices, ascending (rank r trains the r-th slice, as ``cross_step``).
+
+    The result is in general not the one-stage optimum: a rollout the first stage drops cannot come back.
+    """
+    G, n = advantages.shape
+    first = max_variance(advantages, n if m_intra is None else m_intra)  # [G, m_intra], ascending per row
+    union = (first + n * torch.arange(G, device=advantages.device).unsqueeze(1)).flatten()  # [G * m_intra], ascending
+    return union[max_variance(advantages.flatten()[union].unsqueeze(0), G * m)[0]]
+
+
+for _rule in (cross_step, two_stage):
+    _rule.cross_group = True  # flat row indices over the step (pods.downsample.kept_rows)
+    _rule.across_ranks = True  # over every rank's groups: kept_rows gathers, take_rows moves the kept rows
+two_stage.options = ("m_intra",)  # algorithm keys passed to the rule by pods.downsample.kept_rows
+
+
 # ---- token level --------------------------------------------------------------------------------------------
 def global_top(scores: Tensor, fraction: float, dist) -> Tensor:
     """Which of this rank's ``scores: [L]`` are among the top ``ceil(fraction * total)`` of all ranks' scores.
@@ -106,6 +143,8 @@ def global_top(scores: Tensor, fraction: float, dist) -> Tensor:
     local = scores.detach().double().flatten().cpu()
     counts = dist.all_gather(torch.tensor([local.numel()], dtype=torch.long))  # [W]
     width, total = int(counts.max()), int(counts.sum())
+    if total == 0:  # no live token on any rank (e.g. a correction vetoed every sequence): nothing to keep
+        return torch.zeros(0, dtype=torch.bool)
     padded = torch.full((width,), -math.inf, dtype=torch.float64)
     padded[: local.numel()] = local
     every = dist.all_gather(padded).view(-1, width)  # [W, width]

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 
 from pods.log import get
+from pods.schema import Hardware
 
 # How a logged per-rank value becomes the step's value: sums of counts, the slowest rank's timings
 # (the step waits for it), means for everything else (every rank holds the same number of groups and
@@ -131,23 +132,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init(hw: dict) -> Dist:
-    """Join the process group the launcher set up (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``/``MASTER_*``).
+def init(hw: Hardware | dict) -> Dist:
+    """Join the process group the launcher set up (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``/``MASTER_*``); ``hw``: the
+    hardware section (a plain dict of it is read over the schema's defaults).
 
     A profile with ``dist_backend`` (the DeepSpeed ones) always gets a process group, a single-process one
     when started without a launcher; profiles without it run exactly as before, with no process group.
     """
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
 
+    hw = Hardware.of(hw)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not hw["dist_backend"]:
+    if world > 1 and not hw.dist_backend:
         raise ConfigError(
             f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)"
         )
-    if not hw["dist_backend"]:
+    if not hw.dist_backend:
         return Dist()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if hw["device"] == "cuda":
+    if hw.device == "cuda":
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
         if world == 1:
@@ -156,8 +159,8 @@ def init(hw: dict) -> Dist:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("LOCAL_RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
-        timeout = timedelta(seconds=hw["dist_timeout_s"])  # a hung rank fails the run
-        torch.distributed.init_process_group(backend=hw["dist_backend"], rank=rank, world_size=world, timeout=timeout)
+        timeout = timedelta(seconds=hw.dist_timeout_s)  # a hung rank fails the run
+        torch.distributed.init_process_group(backend=hw.dist_backend, rank=rank, world_size=world, timeout=timeout)
         atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
     return Dist(rank, world, local_rank)
 

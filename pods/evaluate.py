@@ -3,29 +3,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from pods.engines import Sampling
+from pods.schema import Eval
 from pods.tasks import score_batch
 
 
-def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: dict, ds: dict, seed: int) -> dict:
-    """Generate ``ev['repeats']`` samples per test prompt and score them; RNG is forked so the training
-    stream does not depend on how often evaluation runs."""
-    sampling = Sampling(
-        temperature=ev["temperature"],
-        top_p=ev["top_p"],
-        top_k=ev["top_k"],
-        max_tokens=ev["max_tokens"],
-        seed=seed,
-        stop=tuple(ev["stop"]),
-    )
+def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: Eval, ds, seed: int, on_samples: Callable | None = None) -> dict:
+    """Generate ``ev.repeats`` samples per test prompt and score them; RNG is forked so the training stream does
+    not depend on how often evaluation runs. ``ds``: the dataset section (recipe, grader, grade_timeout_s);
+    ``on_samples(rollouts, golds, scores)`` sees what was generated (the W&B completions table)."""
+    ev = Eval.of(ev)
+    sampling = Sampling(ev.temperature, ev.top_p, ev.top_k, ev.max_tokens, seed=seed, stop=tuple(ev.stop))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        ro = engine.generate(prompt_ids, ev["repeats"], sampling, progress=True)
-    scores = score_batch(
-        ro.texts, [g for g in golds for _ in range(ev["repeats"])], ds["recipe"], ds["grader"], timeout_s=ds["grade_timeout_s"]
-    )
+        ro = engine.generate(prompt_ids, ev.repeats, sampling, progress=True)
+    expanded = [g for g in golds for _ in range(ev.repeats)]
+    scores = score_batch(ro.texts, expanded, ds.recipe, ds.grader, timeout_s=ds.grade_timeout_s)
+    if on_samples is not None:
+        on_samples(ro, expanded, scores)
     k = len(scores)
     return {
         "accuracy": sum(s.correct for s in scores) / k,

@@ -4,46 +4,31 @@
     python -m pods.figures plot NAME [--runs DIR] [--out DIR] [--reference DIR]
     python -m pods.figures list
 
-``reproduce`` runs every experiment of the figure over its sweep (``conf/sweep``) into ``RUNS/<experiment>/``.
-``RUNS`` defaults to runs/paper/NAME;
-single-GPU figures run as Hydra multiruns (``hydra/launcher=slurm``: one SLURM job array per experiment, submitted
-together; ``local``: one run after another here), 8-GPU figures as one ``slurm/run_8gpu.sbatch`` job per seed
-(``local``: torchrun, one run after another). Every run has ``train.resume=auto``, so re-running continues
-unfinished runs. ``plot`` reads every run's config.json + metrics.jsonl under ``RUNS``, labels runs by
-their algorithm settings, and draws mean +- 1.96 standard errors across seeds on a common time grid, with the
-authors' released curves (``--reference``, ../shared/reference) dashed in the same colours.
+``reproduce`` runs every experiment of the figure over its sweep (``conf/sweep``) through ``pods.launch``: one
+directory per resolved config under ``RUNS/../by-config`` (``RUNS`` defaults to runs/paper/NAME), shared with the
+other figures that contain the same run, and the figure's list in ``RUNS/runs.json``. Single-GPU figures run as
+Hydra multiruns (``slurm``: one SLURM job array per run, submitted together; ``local``: one run after another
+here), 8-GPU figures as one ``slurm/run_8gpu.sbatch`` job per seed (``local``: torchrun, one run after another).
+Every run has ``train.resume=auto``, so re-running continues unfinished runs. ``plot`` reads the runs through
+``pods.results``, labels them by their algorithm settings, and draws mean +- 1.96 standard errors across seeds on
+a common time grid, with the authors' released curves (``--reference``, ../shared/reference) dashed in the same
+colours.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pods import runstore
-from pods.plot import CURVE_FIELDS, eval_rows, mean_curves, plot_mean_curves, time_to_reach, write_csv
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def arm(a: dict) -> str:
-    """A curve's label from algorithm settings: GRPO n/m, GRPO-GA n/m, or PODS n->m (rule when not max-variance)."""
-    if a.get("grad_accum"):
-        return f"GRPO-GA {a['n']}/{a['m']}"
-    if a["rule"] == "all" or a["n"] == a["m"]:  # every rollout kept: GRPO, whatever the rule
-        return f"GRPO {a['n']}/{a['m']}"
-    return f"PODS {a['n']}→{a['m']}" + ("" if a["rule"] == "max_variance" else f" {a['rule']}")
-
-
-def by_rule(a: dict) -> str:
-    return a["rule"].replace("_", "-")
+from pods import launch
+from pods.results.curves import mean_curves
+from pods.results.plot import plot_curves
+from pods.results.report import EVAL_FIELDS, eval_rows, figure_summary, table, write_csv, write_curves
+from pods.results.runs import Run, arm, by_rule, find_runs, group, load_run, record
 
 
 def single_gpu_reference(train_set: str, model: str, keep: Callable[[dict], bool]) -> Callable[[Path], list[dict]]:
@@ -100,6 +85,7 @@ class Figure:
     sweep: str
     label: Callable[[dict], str] = arm
     gpus: int = 1  # 1: Hydra multirun; 8: one slurm/run_8gpu.sbatch job (or torchrun) per seed
+    hydra_launcher: str = "slurm"  # the Hydra launcher config of one-GPU runs on SLURM (conf/hydra/launcher)
     reference: Callable[[Path], list[dict]] | None = None
     baseline: str | None = None  # the label whose best mean accuracy sets the speed-up target
     time_unit: str = "h"
@@ -175,6 +161,7 @@ FIGURES = {
         "seeds_cpu",
         baseline="GRPO 16/16",
         time_unit="s",
+        hydra_launcher="slurm_cpu",
     ),
 }
 GROUPS = {"3": [k for k in FIGURES if k.startswith("3-")], "4": ["4-n", "4-m"]}
@@ -182,151 +169,71 @@ GROUPS = {"3": [k for k in FIGURES if k.startswith("3-")], "4": ["4-n", "4-m"]}
 
 def sweep_jobs(exp: str, sweep: str, overrides: list[str] = ()) -> tuple[list[list[str]], dict]:
     """The jobs Hydra's basic sweeper would launch for ``experiment=exp +sweep=sweep``, and the resolved run config."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from pods.compose import compose_job, expand, hydra_context, job_dict
 
-    from pods.train import CONF, expand
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", [f"experiment={exp}", f"+sweep={sweep}"], return_hydra_config=True)
+    with hydra_context():
+        cfg = compose_job([f"experiment={exp}", f"+sweep={sweep}"])
+        task = job_dict(cfg)
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()] + list(overrides)
-    jobs = expand(params)
-    task = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    return jobs, task
+    return expand(params), task
 
 
 def resolved(exp: str, overrides: list[str]) -> dict:
     """The resolved run config of ``experiment=exp`` with ``overrides`` (what pods.train would run)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from pods.compose import compose_plain
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", [f"experiment={exp}", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return compose_plain([f"experiment={exp}", *overrides])
 
 
-def reproduce(name: str, launcher: str, runs: Path, seeds: str | None, extra: list[str]) -> list[subprocess.Popen]:
-    """Launch the figure's runs that no figure has launched yet (pods.runstore: one directory per resolved config
-    under ``runs/../by-config``); list all of them in ``runs/runs.json``. With SLURM, returns the submitting
-    processes (each waits for its job)."""
+def reproduce(name: str, launcher: str, runs: Path, seeds: str | None, extra: list[str]) -> list:
+    """Launch the figure's runs that no figure has launched yet (``pods.launch.run_key``: one directory per resolved
+    config under ``runs/../by-config``); list all of them in ``runs/runs.json``. With SLURM, returns the
+    submitting processes (``pods.launch.wait``)."""
     fig, store = FIGURES[name], runs.parent / "by-config"
-    seed_arg = [f"seed={seeds}"] if seeds else []
-    procs = []
+    jobs: dict[Path, launch.Job] = {}
     for exp in fig.experiments:
-        jobs, cfg = sweep_jobs(exp, fig.sweep, seed_arg)
-        for job in jobs:
+        sweep, cfg = sweep_jobs(exp, fig.sweep, [f"seed={seeds}"] if seeds else [])
+        for job in sweep:
             args = [f"experiment={exp}", *job, *extra]
-            run_dir = store / runstore.run_key(resolved(exp, [*job, *extra]))
-            runstore.record(runs, [exp, *job], run_dir)
-            if runstore.reusable(run_dir):
-                print(f"[figures] reusing {run_dir} ({runstore.status(run_dir)['status']}): {' '.join(args)}", flush=True)
-                continue
-            procs += _launch(name, fig, cfg, launcher, args, run_dir)
-    return procs
+            run_dir = store / launch.run_key(resolved(exp, [*job, *extra]))
+            record(runs, [exp, *job], run_dir)
+            if launch.reusable(run_dir):
+                print(f"[figures] reusing {run_dir} ({launch.status(run_dir)['status']}): {' '.join(args)}", flush=True)
+            else:
+                nproc = cfg["hardware"]["nproc_per_node"] if fig.gpus > 1 else 1
+                jobs.setdefault(run_dir, launch.Job([*args, "train.resume=auto"], run_dir, nproc, name=" ".join(args)))
+    return launch.launch(list(jobs.values()), launcher, hydra_launcher=fig.hydra_launcher, tag="figures")
 
 
-def _launch(name: str, fig: Figure, cfg: dict, launcher: str, args: list[str], run_dir: Path) -> list[subprocess.Popen]:
-    """Run one job into ``run_dir``: locally (waits) or on SLURM (1 GPU: a Hydra submitit job; 8 GPUs: sbatch)."""
-    if fig.gpus == 1 and launcher == "slurm":
-        cmd = [
-            sys.executable,
-            "-m",
-            "pods.train",
-            "-m",
-            *args,
-            f"hydra.sweep.dir={run_dir.parent}",
-            f"hydra.sweep.subdir={run_dir.name}",
-            "train.resume=auto",
-            "hydra/launcher=slurm" + ("_cpu" if name == "cpu" else ""),
-        ]
-    elif fig.gpus == 1:
-        cmd = [sys.executable, "-m", "pods.train", *args, f"hydra.run.dir={run_dir}", "train.resume=auto"]
-    elif launcher == "slurm":
-        cmd = ["sbatch", "--parsable", f"--job-name=pods-{args[0].split('=', 1)[1]}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *args]
-    else:
-        nproc = cfg["hardware"]["nproc_per_node"]
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-            "pods.train",
-            *args,
-            f"hydra.run.dir={run_dir}",
-            "train.resume=auto",
-        ]
-    print("[figures]", f"PODS_RUN_DIR={run_dir}" if cmd[0] == "sbatch" else "", " ".join(cmd), flush=True)
-    runstore.mark(run_dir, "launched", launcher, cmd)
-    if launcher == "slurm" and fig.gpus == 1:  # waited for by its own process: submit them all at once
-        return [subprocess.Popen(cmd, cwd=ROOT)]
-    if launcher == "slurm":
-        subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(run_dir)})
-        return []
-    ok = subprocess.run(cmd, cwd=ROOT).returncode == 0
-    runstore.mark(run_dir, "finished" if ok else "failed", launcher, cmd)
-    if not ok:
-        raise SystemExit(f"[figures] run failed: {run_dir}; re-running the same command continues it (train.resume=auto)")
-    return []
-
-
-def collect(root: Path, label: Callable[[dict], str]) -> dict[str, list[Path]]:
-    """Finished or running runs, grouped by their label: those ``root/runs.json`` lists (shared runs), else
-    every run under ``root`` (any depth)."""
-    runs: dict[str, list[Path]] = {}
-    listed = [d / "config.json" for d in runstore.listed(root)]
-    for cfg_path in listed if listed else sorted(root.rglob("config.json")):
-        if cfg_path.exists() and (cfg_path.parent / "metrics.jsonl").exists():
-            runs.setdefault(label(json.loads(cfg_path.read_text())["algorithm"]), []).append(cfg_path.parent)
-    return runs
-
-
-def summarize(curves: list[dict], baseline: str | None) -> list[str]:
-    """Start / best / end of each mean curve and the paper's speed-up metric: how much sooner each curve first
-    reaches 99% of the baseline's best mean accuracy. Only grid points averaging at least half of a curve's
-    runs count (a curve's tail, covered by the longest runs only, would be noise)."""
-    lines = []
-    for source in dict.fromkeys(c["source"] for c in curves):
-        pts = {}
-        for label in dict.fromkeys(c["label"] for c in curves if c["source"] == source):
-            all_pts = [c for c in curves if c["label"] == label and c["source"] == source]
-            pts[label] = [c for c in all_pts if 2 * c["runs"] >= max(p["runs"] for p in all_pts)]
-            best, first, last = max(pts[label], key=lambda c: c["mean"]), pts[label][0], pts[label][-1]
-            lines.append(
-                f"{source:7s} {label:22s} runs {max(c['runs'] for c in all_pts):2d}  first {first['mean']:.3f} at {first['time']:.0f} s  "
-                f"best {best['mean']:.3f} +- {1.96 * best['se']:.3f} at {best['time']:.0f} s  last {last['mean']:.3f} at {last['time']:.0f} s"
-            )
-        if baseline in pts:
-            target = 0.99 * max(c["mean"] for c in pts[baseline])
-            t_base = time_to_reach(pts[baseline], baseline, target, source)
-            for label in (k for k in pts if k != baseline):
-                t = time_to_reach(pts[label], label, target, source)
-                ratio = f"{t_base / t:.2f}x" if t and t_base else ("n/a (never reached)" if t is None else "n/a")
-                lines.append(
-                    f"{source:7s} time to 99% of {baseline}'s best mean ({target:.3f}): {baseline} {t_base:.0f} s, "
-                    f"{label} {'never' if t is None else f'{t:.0f} s'}: speed-up {ratio}"
-                )
-    return lines
+def reference_runs(rows: list[dict]) -> list[Run]:
+    """The authors' evaluation rows as runs: one per run name, with its algorithm settings as its config."""
+    runs: dict[str, Run] = {}
+    for r in rows:
+        alg = r.pop("alg")
+        runs.setdefault(r["run_dir"], Run(r["run_dir"], [], config={"algorithm": alg})).evals.append(r)
+    return list(runs.values())
 
 
 def plot(name: str, runs: Path, out: Path, reference: Path | None) -> list[dict]:
+    """The figure's PNG, ``mean_curves.csv`` and ``evals.csv`` from the runs under ``runs`` (and the authors'
+    curves); prints the summary; returns the mean-curve rows."""
     fig = FIGURES[name]
-    ours = eval_rows(collect(runs, fig.label)) if runs.exists() else []
-    curves = mean_curves(ours, metric=fig.metric)
+    ours = group([load_run(d) for d in find_runs(runs)], fig.label) if runs.exists() else {}
+    curves = {"ours": mean_curves({k: [r.curve("time", fig.metric) for r in rs] for k, rs in ours.items()})}
     if reference is not None and fig.reference is not None and reference.exists():
-        theirs = [{**r, "label": fig.label(r.pop("alg"))} for r in fig.reference(reference)]
-        curves += mean_curves(theirs, source="authors", metric=fig.metric)
-    if not curves:
+        theirs = group(reference_runs(fig.reference(reference)), fig.label)
+        curves["authors"] = mean_curves({k: [r.curve("time", fig.metric) for r in rs] for k, rs in theirs.items()})
+    rows = [row for source, by_label in curves.items() for row in table(by_label, source)]
+    if not rows:
         raise SystemExit(f"[figures] no runs under {runs} and no reference curves: run `make reproduce-figure-{name}` first")
-    write_csv(ours, out / "evals.csv")
-    write_csv(curves, out / "mean_curves.csv", CURVE_FIELDS)
+    write_csv(eval_rows(ours), out / "evals.csv", EVAL_FIELDS)
+    write_curves(rows, out / "mean_curves.csv")
     ylabel = {"accuracy": "test accuracy", "both_accuracy": "test accuracy AND format"}[fig.metric]
-    png = plot_mean_curves(curves, out / "accuracy_vs_time.png", fig.title, fig.time_unit, ylabel)
+    png = plot_curves(rows, out / "accuracy_vs_time.png", fig.title, fig.time_unit, ylabel)
     print(f"[figures] {png}\n[figures] {out / 'mean_curves.csv'}  {out / 'evals.csv'}")
-    for line in summarize(curves, fig.baseline):
+    for line in figure_summary(curves, fig.baseline):
         print("[figures]", line)
-    return curves
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -335,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("list")
     r = sub.add_parser("reproduce")
     r.add_argument("name", choices=[*FIGURES, *GROUPS])
-    r.add_argument("--launcher", choices=["slurm", "local"], default="slurm")
+    r.add_argument("--launcher", choices=list(launch.LAUNCHERS.names()), default="slurm")
     r.add_argument("--runs", type=Path, default=None, help="the figure's run directory (default: runs/paper/NAME)")
     r.add_argument("--seeds", default=None, help="comma-separated seeds instead of the sweep's (e.g. 1,2 for a smoke test)")
     r.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (right after NAME)")
@@ -355,8 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             procs += reproduce(name, a.launcher, runs.resolve(), a.seeds, a.overrides)
         else:
             plot(name, runs, a.out if a.out and len(names) == 1 else (a.out or Path("results")) / f"figure-{name}", a.reference)
-    if any([p.wait() != 0 for p in procs]):  # all arrays were submitted at once: wait for every one
-        raise SystemExit("[figures] a sweep failed; re-running the same command continues unfinished runs (train.resume=auto)")
+    launch.wait(procs, "figures")  # all arrays were submitted at once: wait for every one
 
 
 if __name__ == "__main__":

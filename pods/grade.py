@@ -68,7 +68,7 @@ def read_row(line: str, args: argparse.Namespace) -> tuple[dict | None, str | No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tqdm import tqdm
+    from pods.progress import bar as progress_bar
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.input.open("rb") as f:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     with (
         args.input.open(encoding="utf-8", errors="replace") as fin,
         args.output.open("w", encoding="utf-8") as fout,
-        tqdm(total=total, unit="row", file=sys.stderr, disable=None) as bar,
+        progress_bar(total=total, unit="row", file=sys.stderr) as bar,
     ):
         batch: list[tuple[dict, str]] = []
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row, gold, problem = read_row(line, args)
             if problem:
-                tqdm.write(f"{args.input}:{lineno}: malformed row skipped: {problem}", file=sys.stderr)
+                bar.write(f"{args.input}:{lineno}: malformed row skipped: {problem}", file=sys.stderr)
                 stats["skipped"] += 1
                 bar.update(1)
                 continue

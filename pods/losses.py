@@ -75,20 +75,75 @@ def chunked_token_stats(
     return logp, (torch.cat(ents).view(B, T) if entropy else None)
 
 
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0. [B, T] -> [B, T]."""
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = None) -> torch.Tensor:
+    """The k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 >= 0. [B, T] -> [B, T].
+
+    ``clamp``: the estimate clamped to [-clamp, clamp] (slime's ``low_var_kl``, which Sparse-RL's release uses with
+    10; a clamped token has no gradient); None = unclamped."""
     d = ref_logp - logp
-    return torch.exp(d) - d - 1
+    kl = torch.exp(d) - d - 1
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
+# A policy loss: ``fn(logp, old_logp, advantages, eps_low, eps_high, mask=None) -> (loss [B, T], clipped [B, T] bool)``,
+# ``logp``/``old_logp`` [B, T] (with/without grad), ``advantages`` [B], ``mask`` [B, T] the tokens in the loss (the
+# backend passes ``batch.loss_mask``; a token-level loss ignores it). The aggregation then reduces ``loss`` over ``mask``.
 @POLICY_LOSSES.register("clipped")
-def clipped_surrogate(logp, old_logp, advantages, eps_low: float, eps_high: float):
+def clipped_surrogate(logp, old_logp, advantages, eps_low: float, eps_high: float, mask=None):
     """PPO clipped surrogate, negated for minimisation.
 
     logp, old_logp: [B, T]; advantages: [B] (one per sequence). Returns (loss [B, T], clipped [B, T] bool):
     loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), ratio = exp(logp - old_logp).
     """
     ratio = torch.exp(logp - old_logp)
+    adv = advantages.unsqueeze(1)
+    unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def sequence_log_ratio(logp, old_logp, mask):
+    """log s_i = mean over the tokens in the loss of (logp - old_logp): [B, T] x3 -> [B]. A sequence with no token in
+    the loss has log s_i = 0 (s_i = 1; it contributes nothing, its mask being all zero)."""
+    m = mask.to(logp.dtype)
+    return ((logp - old_logp) * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(logp, old_logp, advantages, eps_low: float, eps_high: float, mask=None):
+    """GSPO (Zheng et al., arXiv 2507.18071): importance ratio and clipping per SEQUENCE, negated for minimisation.
+
+    logp, old_logp: [B, T]; advantages: [B] (the group advantage A_i); mask: [B, T] the tokens in the loss. With
+    s_i = exp(mean_{t in mask_i} (logp_i,t - old_logp_i,t)) (the length-normalised geometric mean of the token
+    ratios), every token of sequence i carries loss_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), so
+    ``seq_mean`` gives the paper's objective -(1/G) sum_i min(...) and its gradient -(1/G) sum_i A_i s_i mean_t
+    grad logp_i,t on unclipped sequences. The paper's ranges are eps_low 3e-4, eps_high 4e-4. Returns (loss [B, T],
+    clipped [B, T] bool, the sequence's decision on each of its tokens).
+
+    Composition: the mask is the one the loss reduces over, so a token selector (D3S's top K by |A| x H) or a
+    correction's rejection (Sparse-RL) enters the sequence ratio: s_i is the geometric mean over the KEPT tokens
+    only; a token weight w_t (Sparse-RL) multiplies loss_i on token t, so under ``seq_mean`` sequence i counts with
+    the mean of its kept tokens' weights.
+    """
+    if mask is None:
+        raise ValueError("policy loss 'gspo' needs the loss mask (its sequence ratio averages over the tokens in the loss)")
+    s = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [B]
+    unclipped, clipped = s * advantages, torch.clamp(s, 1 - eps_low, 1 + eps_high) * advantages
+    loss, hit = -torch.minimum(unclipped, clipped), clipped < unclipped
+    return loss.unsqueeze(1).expand_as(logp), hit.unsqueeze(1).expand_as(logp)
+
+
+@POLICY_LOSSES.register("gspo_token")
+def gspo_token(logp, old_logp, advantages, eps_low: float, eps_high: float, mask=None):
+    """GSPO-token (arXiv 2507.18071): s_i,t = sg[s_i] x pi(y_t) / sg[pi(y_t)], clipped as GSPO, per token.
+
+    Its value on every token is s_i (the clipping decision is GSPO's) and its gradient on token t is s_i grad logp_i,t,
+    so with one advantage per sequence (here) ``seq_mean`` gives GSPO's loss and gradient; it differs from GSPO only
+    with per-token advantages. Shapes and ``mask`` as ``gspo``.
+    """
+    if mask is None:
+        raise ValueError("policy loss 'gspo_token' needs the loss mask (its sequence ratio averages over the tokens in the loss)")
+    s = torch.exp(sequence_log_ratio(logp, old_logp, mask)).detach().unsqueeze(1)  # [B, 1], no gradient
+    ratio = s * torch.exp(logp - logp.detach())  # [B, T]: value s_i, gradient s_i d logp
     adv = advantages.unsqueeze(1)
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
     return -torch.minimum(unclipped, clipped), clipped < unclipped

@@ -12,25 +12,35 @@ from pathlib import Path
 import torch
 
 from pods.registry import Registry
+from pods.schema import Hardware, Model
 
 BUILDERS = Registry("model builder")
 
 
 @BUILDERS.register("tiny")
-def _build_tiny(model_cfg: dict) -> Path:
+def _build_tiny(model: Model) -> Path:
     from pods.tiny import ensure_tiny
 
-    return ensure_tiny(model_cfg.get("spec") or {}, model_cfg.get("cache_dir"))
+    return ensure_tiny(model.spec or {}, model.cache_dir)
 
 
-def check_model_available(model_cfg: dict) -> None:
-    """Fail within seconds, naming model.path, when a hub id cannot be loaded (offline, not cached)."""
-    from pods.config import ConfigError
+def unwrap(model):
+    """The transformers model inside a DeepSpeed engine (``.module``) and/or a peft wrapper (``get_base_model()``):
+    the one way every layer reaches the plain model (its config, decoder, head and generation_config)."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
-    if model_cfg.get("builder"):
-        BUILDERS.get(model_cfg["builder"])  # unknown builder -> ValueError naming the valid ones
+
+def check_model_available(model: Model | dict) -> None:
+    """Fail within seconds, naming model.path, when a hub id cannot be loaded (offline, not cached). ``model``: the
+    model section (a plain dict of it, e.g. ``{"path": ...}``, is read over the schema's defaults)."""
+    from pods.errors import ConfigError
+
+    model = Model.of(model)
+    if model.builder:
+        BUILDERS.get(model.builder)  # unknown builder -> ValueError naming the valid ones
         return
-    path = model_cfg.get("path")
+    path = model.path
     if not path:
         raise ConfigError("model.path is required (a local directory or a hub id) unless model.builder is set")
     if Path(path).is_dir():
@@ -64,10 +74,12 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_model_dir(model_cfg: dict) -> str:
-    if model_cfg.get("builder"):
-        return str(BUILDERS.get(model_cfg["builder"])(model_cfg))
-    return model_cfg["path"]
+def resolve_model_dir(model: Model | dict) -> str:
+    """The model's directory: built by ``model.builder`` (first use), else ``model.path`` (a directory or a hub id)."""
+    model = Model.of(model)
+    if model.builder:
+        return str(BUILDERS.get(model.builder)(model))
+    return model.path
 
 
 def load_tokenizer(model_dir: str):
@@ -82,25 +94,24 @@ def load_tokenizer(model_dir: str):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(model_dir: str, hw: dict, quantization: str | None = None, **kwargs):
+def load_policy(model_dir: str, hw: Hardware | dict, quantization: str | None = None, **kwargs):
     """from_pretrained with the hardware profile's dtype (and an optional 4-bit NF4 base for LoRA, as the
     authors' single-GPU runs); a clear message when the hub is unreachable."""
     from transformers import AutoModelForCausalLM
 
-    if hw["dtype"] not in DTYPES:
-        raise ValueError(f"hardware.dtype '{hw['dtype']}' unknown; valid: {', '.join(DTYPES)}")
+    hw = Hardware.of(hw)
     if quantization == "4bit":
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=DTYPES[hw["dtype"]]
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=DTYPES[hw.dtype]
         )
-        kwargs["device_map"] = {"": hw["device"]}
+        kwargs["device_map"] = {"": hw.device}
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[hw["dtype"]], **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[hw.dtype], **kwargs)
     except OSError as e:
         raise RuntimeError(f"could not load model '{model_dir}': {e}. Offline? Point model.path at a local directory.") from e
-    if hw["gradient_checkpointing"]:
+    if hw.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     return model

@@ -56,3 +56,11 @@ def cosine_ramp(progress: float) -> float:
 @RAMPS.register("constant")
 def constant_ramp(progress: float) -> float:
     return 0.0
+
+
+def ramped(start: float, final: float | None, progress: float, ramp: str = "linear") -> float:
+    """``(1 - r) * start + r * final`` with ``r = RAMPS[ramp](progress)``; ``final`` None = constant ``start``."""
+    if final is None:
+        return float(start)
+    r = RAMPS.get(ramp)(min(max(float(progress), 0.0), 1.0))
+    return (1.0 - r) * float(start) + r * float(final)

@@ -19,13 +19,13 @@ import torch
 from pods.schema import SparseRl, defaults
 from pods.tokens import StepContext
 
-DEFAULTS = defaults(SparseRl)  # the schema's: the authors' released values
+DEFAULTS = defaults(SparseRl)  # the schema's: the released thresholds, pods' normaliser (docs/sparse-rl.md)
 WEIGHT_NORMS = ("valid", "all", "none")
 
 
-def settings(alg: dict) -> dict:
-    """The correction's settings: ``algorithm.sparse_rl`` over the defaults."""
-    return {**DEFAULTS, **(alg.get("sparse_rl") or {})}
+def settings(alg) -> SparseRl:
+    """The correction's settings: ``algorithm.sparse_rl`` (a section, or a dict over the defaults)."""
+    return SparseRl.of(alg.get("sparse_rl") or {})
 
 
 def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Tensor, c: dict, dist=None):
@@ -35,14 +35,15 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
     mask: [B, C] float, 1 on valid completion tokens. ``dist`` (pods.distributed handle) sums the weight
     normaliser over ranks. Returns (new_mask [B, C], weights [B, C], stats dict of global sums).
     """
+    c = SparseRl.of(c)
     valid = mask > 0
     raw = dense - sparse
-    r = torch.exp(raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]))
-    vetoed = ((raw < math.log(c["veto"])) & valid).any(dim=1)  # [B]
-    in_band = (r >= c["band_low"]) & (r <= c["band_high"])
+    r = torch.exp(raw.clamp(-c.log_ratio_clamp, c.log_ratio_clamp))
+    vetoed = ((raw < math.log(c.veto)) & valid).any(dim=1)  # [B]
+    in_band = (r >= c.band_low) & (r <= c.band_high)
     new_mask = mask * in_band.float() * (~vetoed).float().unsqueeze(1)
-    w = r.clamp(max=c["cap"]) * mask
-    norm_mask = {"valid": new_mask, "all": mask}.get(c["weight_norm"])
+    w = r.clamp(max=c.cap) * mask
+    norm_mask = {"valid": new_mask, "all": mask}.get(c.weight_norm)
     has_seq = valid.any(dim=1)
     sums = [
         float((w * norm_mask).sum()) if norm_mask is not None else 0.0,
@@ -52,7 +53,7 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
         float((valid & ~in_band).sum()),
         float(valid.sum()),
         float(((sparse - dense) * mask).sum()),
-        float(((r - raw.clamp(-c["log_ratio_clamp"], c["log_ratio_clamp"]) - 1) * mask).sum()),
+        float(((r - raw.clamp(-c.log_ratio_clamp, c.log_ratio_clamp) - 1) * mask).sum()),
     ]
     if dist is not None:
         sums = dist.reduce(sums)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import torch
 from pods.log import setup
 from pods.tasks.toy import ANSWER
 
+ASSETS = Path(__file__).resolve().parent / "assets"  # shipped models: tiny-<key>/ (package data)
+BUILD_THREADS = 1
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -102,13 +105,13 @@ def warm_start(
 ) -> None:
     """Supervised steps on the answers. ``label_smoothing`` > 0 leaves the policy under-confident (sampling at
     T = 1 errs where greedy decoding is right), the regime in which RL's early gains come from sharpening."""
-    from tqdm import tqdm
+    from pods.progress import bar as progress_bar
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
     model.train()
-    bar = tqdm(range(steps), desc="tiny warm start", leave=False, mininterval=2.0)
+    bar = progress_bar(range(steps), desc="tiny warm start", leave=False, mininterval=2.0)
     for _ in bar:
         ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch), target=target)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
@@ -123,10 +126,23 @@ def warm_start(
 
 
 def build_tiny(spec: dict, out_dir: Path) -> dict:
-    """Build, warm-start and save the tiny model + tokenizer into ``out_dir``; returns build info."""
+    """Build, warm-start and save the tiny model + tokenizer into ``out_dir``; returns build info. One torch thread
+    (a reduction's split depends on the thread count) under the caller's numerics: pinned, ``pods.numerics``."""
+    t0, threads = time.time(), torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        model, tok = _train_tiny(spec)
+    finally:
+        torch.set_num_threads(threads)
+    info = {"spec": spec, "params": sum(p.numel() for p in model.parameters()), "build_seconds": round(time.time() - t0, 1)}
+    _publish(model, tok, {**info, "numerics": {**numerics_record(), "torch_threads": BUILD_THREADS}}, out_dir)
+    return info
+
+
+def _train_tiny(spec: dict):
+    """The tokenizer trained on the task's text and the warm-started model (float32, eval mode)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    t0 = time.time()
     torch.manual_seed(spec["seed"])
     from pods.tasks import DATASETS
 
@@ -164,27 +180,155 @@ def build_tiny(spec: dict, out_dir: Path) -> dict:
     model.generation_config = GenerationConfig(
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
     )
+    return model, tok
+
+
+def _publish(model, tok, info: dict, out_dir: Path) -> None:
+    """Save into a private ``<out>.tmp<pid>`` and rename it to ``out_dir`` (atomic: a half-built model is never
+    mistaken for a cached one). A process that loses the race to a concurrent build of the same key drops its copy."""
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    info = {"spec": spec, "params": sum(p.numel() for p in model.parameters()), "build_seconds": round(time.time() - t0, 1)}
-    (tmp / "pods_tiny.json").write_text(json.dumps(info, indent=2))
-    tmp.rename(out_dir)  # atomic: a half-built model is never mistaken for a cached one
-    return info
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "pods_tiny.json").write_text(json.dumps(info, indent=2))
+        tmp.rename(out_dir)
+    except OSError:
+        if not (out_dir / "pods_tiny.json").exists():  # not a concurrent winner: a real error
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _drop_stale_builds(out: Path) -> None:
+    """Remove ``<out>.tmp<pid>`` directories left by builds whose process is gone (killed mid-build)."""
+    for tmp in out.parent.glob(out.name + ".tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def numerics_record() -> dict:
+    from pods.numerics import record
+
+    rec = record()
+    return {k: rec[k] for k in ("env", "torch_cpu_capability", "torch_threads", "torch", "cpu")}
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("PODS_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
 
 
+def full_spec(spec: dict | None = None) -> dict:
+    return {**DEFAULT_SPEC, **(spec or {})}
+
+
+def asset_name(spec: dict | None = None) -> str:
+    """The model's key: ``tiny-<hash of the full spec>`` (the shipped asset's and the cache's directory name)."""
+    return f"tiny-{spec_hash(full_spec(spec))}"
+
+
+def shipped(spec: dict | None = None) -> Path | None:
+    """The directory of the model shipped with the package for ``spec`` (pods/assets/tiny-<key>), or None."""
+    path = ASSETS / asset_name(spec)
+    return path if (path / "pods_tiny.json").is_file() else None
+
+
 def ensure_tiny(spec: dict | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Return the directory of the tiny model for ``spec``, building it on first use."""
-    spec = {**DEFAULT_SPEC, **(spec or {})}
-    out = Path(cache_dir or default_cache_dir()) / f"tiny-{spec_hash(spec)}"
+    """The directory of the tiny model for ``spec``: the shipped one when the package has it (never written to),
+    else built into ``cache_dir`` on first use (pinned numerics, one thread)."""
+    found = shipped(spec)
+    if found:
+        return found
+    out = Path(cache_dir or default_cache_dir()) / asset_name(spec)
     if not (out / "pods_tiny.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
+        _drop_stale_builds(out)
         log = setup()
-        log.info(f"building the tiny model into {out} (once; cached afterwards)")
-        info = build_tiny(spec, out)
+        log.info(f"building the tiny model into {out} (once; cached afterwards): spec {asset_name(spec)} is not shipped")
+        info = build_tiny(full_spec(spec), out)
         log.info(f"tiny model: {info['params']:,} params, built in {info['build_seconds']} s")
     return out
+
+
+def committed_specs() -> dict[str, dict]:
+    """Asset name -> full spec of every tiny model a committed config uses (the default config and each experiment)."""
+    from pods.compose import CONF, compose_plain
+
+    found = {}
+    for overrides in [[]] + [[f"experiment={p.stem}"] for p in sorted((CONF / "experiment").glob("*.yaml"))]:
+        model = compose_plain(overrides)["model"]
+        if model.get("builder") == "tiny":  # a filter (which configs use this module), not a dispatch
+            found[asset_name(model.get("spec"))] = full_spec(model.get("spec"))
+    return found
+
+
+def weights_hash(model_dir: Path) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes (sorted by name): equal hash = equal bits."""
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(str(Path(model_dir) / "model.safetensors")).items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def weights_gap(a: Path, b: Path) -> dict[str, float]:
+    """Max |a - b| per tensor of two model directories (same names and shapes)."""
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
+    return {k: float((ta[k].double() - tb[k].double()).abs().max()) for k in sorted(ta)}
+
+
+SHIPPED_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pods_tiny.json"]
+
+
+def rebuild(out: Path, ship: bool = False) -> list[str]:
+    """Build every committed spec into ``out`` and compare each with the shipped weights (``ship``: write the builds
+    into pods/assets instead, replacing what is there). Returns the report lines."""
+    lines = []
+    for name, spec in committed_specs().items():
+        build = out / name
+        if not (build / "pods_tiny.json").exists():
+            build_tiny(spec, build)
+        have, new = shipped(spec), weights_hash(build)
+        if ship:
+            shutil.rmtree(ASSETS / name, ignore_errors=True)
+            (ASSETS / name).mkdir(parents=True)
+            for f in SHIPPED_FILES:
+                shutil.copy2(build / f, ASSETS / name / f)
+            lines.append(f"{name}: shipped {new} ({ASSETS / name})")
+        elif have is None:
+            lines.append(f"{name}: NOT SHIPPED (rebuilt into {build}, weights {new})")
+        else:
+            gap = weights_gap(have, build)
+            worst = max(gap, key=gap.get)
+            same = "EQUAL" if weights_hash(have) == new else "DIFFERENT"
+            lines.append(f"{name}: rebuild {new} vs shipped {weights_hash(have)}: {same}; max |diff| {gap[worst]:.3g} ({worst})")
+            lines += [f"    {k}: {v:.3g}" for k, v in gap.items() if v > 0]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pods.tiny [--out DIR] [--ship]``: rebuild every committed tiny model (pinned numerics) and report
+    how far each is from the shipped weights; exit 1 when one differs or is not shipped."""
+    import argparse
+    import tempfile
+
+    from pods.numerics import pin, summary_line
+
+    pin()
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("--out", help="build directory (default: a temporary one)")
+    p.add_argument("--ship", action="store_true", help="write the builds into pods/assets (maintainers, after a change to the build)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="pods-tiny-") as tmp:
+        lines = rebuild(Path(args.out or tmp), args.ship)
+    print(summary_line())
+    print("\n".join(lines))
+    return 0 if args.ship or all(": rebuild" in x and "EQUAL" in x for x in lines if not x.startswith(" ")) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pods.registry import Registry
+from pods.schema import Algorithm
 
 TOKEN_SELECTORS = Registry("token selector")
 CORRECTIONS = Registry("sampler correction")
@@ -27,7 +28,7 @@ CORRECTIONS.register_lazy("sparse_rl", "pods.sparse_rl:sparse_rl")  # Sparse-RL:
 class StepContext:
     """What a token-level function may read besides the batch."""
 
-    alg: dict  # the algorithm section
+    alg: Any  # the algorithm section (pods.schema.Algorithm)
     progress: float  # training progress p in [0, 1] (the LR schedule's)
     dist: Any  # pods.distributed handle: all_gather / sums over ranks (one process: no-ops)
     stats: Any = None  # pods.backends.TokenStats of the batch, or None
@@ -48,10 +49,12 @@ def no_correction(batch, ctx: StepContext) -> dict:
     return {}
 
 
-def apply(batch, backend, alg: dict, progress: float, dist) -> dict:
-    """Run the configured correction, then the token selector, on ``batch``; returns their metrics."""
-    corr = CORRECTIONS.get(alg["correction"])
-    sel = TOKEN_SELECTORS.get(alg["token_rule"])
+def apply(batch, backend, alg, progress: float, dist) -> dict:
+    """Run the configured correction, then the token selector, on ``batch``; returns their metrics. ``alg``: the
+    algorithm section (a plain dict of it is typed)."""
+    alg = Algorithm.of(alg)
+    corr = CORRECTIONS.get(alg.correction)
+    sel = TOKEN_SELECTORS.get(alg.token_rule)
     entropy = any(getattr(f, "needs_entropy", False) for f in (corr, sel))
     stats = None
     if entropy or any(getattr(f, "needs_stats", False) for f in (corr, sel)):

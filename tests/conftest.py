@@ -53,11 +53,19 @@ def tiny_dir() -> Path:
     return ensure_tiny()
 
 
+def need_shared(*parts: str) -> Path:
+    """``SHARED/<parts>`` (the data kept beside the repository: task data, the authors' released curves); skips the
+    calling test, naming the missing path, when it is absent (a clone used elsewhere: set PODS_SHARED)."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found: the shared data directory (PODS_SHARED, default ../shared beside the repo) lacks it")
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not SHARED.exists():
-        pytest.skip(f"shared data directory {SHARED} not found (set PODS_SHARED)")
-    return SHARED
+    """The shared data directory; the test skips, saying so, when it is absent."""
+    return need_shared()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,5 @@
-"""A real one-node SLURM cluster on this machine for tests: Debian's slurm-wlm + munge, daemons started by hand.
+"""A real SLURM cluster on this machine for tests: Debian's slurm-wlm + munge, daemons started by hand. One node
+(``localhost``), or ``nodes=N``: N slurmd on this host as node1..nodeN (own names, ports, spool, pid and log files).
 
 Everything lives in a temporary directory (config, munge key and socket, state, spool, logs, pid files) on
 free ports, so it never touches a system SLURM and two clusters can coexist. ``stop()`` ends exactly the
@@ -14,11 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from harness import free_port
 
 PACKAGES = ["slurm-wlm", "munge"]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
@@ -46,19 +48,15 @@ def install_reason() -> str | None:
     return None if not missing_binaries() else f"installed {PACKAGES} but still missing {missing_binaries()}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sbin(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
 class LocalCluster:
-    def __init__(self, cpus: int | None = None, mem_mb: int = 8000, gpus: int = 8):
-        self.cpus = cpus or os.cpu_count() or 2
+    def __init__(self, cpus: int | None = None, mem_mb: int = 8000, gpus: int = 8, nodes: int = 1):
+        self.cpus = cpus or os.cpu_count() or 2  # per node
+        # nodes > 1: one slurmd per node, all on this host, each with its own name, port, spool, pid and log file
+        self.nodes = ["localhost"] if nodes == 1 else [f"node{i}" for i in range(1, nodes + 1)]
         self.mem_mb, self.gpus = mem_mb, gpus
         self.dir = Path(tempfile.mkdtemp(prefix="pods-slurm-"))
         self.conf = self.dir / "slurm.conf"
@@ -90,11 +88,14 @@ class LocalCluster:
         )
         self._write_conf(sock)
         self._daemon([_sbin("slurmctld"), "-f", str(self.conf)], d / "slurmctld.pid")
-        self._daemon([_sbin("slurmd"), "-f", str(self.conf), "-N", "localhost"], d / "slurmd.pid")
+        for node in self.nodes:
+            (d / "spool" / node).mkdir()
+            self._daemon([_sbin("slurmd"), "-f", str(self.conf), "-N", node], d / f"slurmd.{node}.pid")
         deadline = time.time() + timeout
         while time.time() < deadline:
             p = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
-            if p.returncode == 0 and p.stdout.strip() in ("idle", "mixed", "allocated"):
+            states = p.stdout.split()
+            if p.returncode == 0 and len(states) == len(self.nodes) and all(s in ("idle", "mixed", "allocated") for s in states):
                 return self
             time.sleep(0.5)
         raise RuntimeError(f"local SLURM did not come up in {timeout:.0f} s; logs in {d / 'log'}:\n{self.logs()}")
@@ -207,22 +208,25 @@ class LocalCluster:
             "KillWait=10",
             "MinJobAge=600",
             "GresTypes=gpu",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
-            f"SlurmdPidFile={d / 'slurmd.pid'}",
-            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmdPidFile={d / 'slurmd.%n.pid'}",  # %n: the node's name
+            f"SlurmdSpoolDir={d / 'spool' / '%n'}",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={d / 'log' / 'slurmd.log'}",
-            f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={self.cpus} "
-            f"ThreadsPerCore=1 RealMemory={self.mem_mb} Gres=gpu:{self.gpus} State=UNKNOWN",
-            "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
+            f"SlurmdLogFile={d / 'log' / 'slurmd.%n.log'}",
+            *(
+                f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} Boards=1 "
+                f"SocketsPerBoard=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory={self.mem_mb} Gres=gpu:{self.gpus} State=UNKNOWN"
+                for node in self.nodes
+            ),
+            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         for i in range(self.gpus):  # stand-in device files: slurmd counts GPUs by their File= entries
             (d / "dev" / f"gpu{i}").touch()
-        (d / "gres.conf").write_text(f"NodeName=localhost Name=gpu File={d / 'dev'}/gpu[0-{self.gpus - 1}]\n")
+        (d / "gres.conf").write_text(f"NodeName={','.join(self.nodes)} Name=gpu File={d / 'dev'}/gpu[0-{self.gpus - 1}]\n")
 
 
 if __name__ == "__main__":  # a cluster to play with: python tests/slurm_cluster.py; stop it with Ctrl-C or kill PID

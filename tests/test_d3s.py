@@ -13,7 +13,7 @@ from conftest import compose, shrink
 from pods import distributed
 from pods.advantages import grpo
 from pods.backends.base import TokenStats, build_batch
-from pods.d3s import cross_group, intra_group, ramped, sample_count, token_fraction, top_k_tokens
+from pods.d3s import cross_group, cross_step, intra_group, ramped, sample_count, token_fraction, top_k_tokens, two_stage
 from pods.downsample import kept_rows, max_variance
 from pods.losses import AGGREGATIONS
 from pods.schema import Algorithm, complete
@@ -89,6 +89,64 @@ def test_cross_group_skips_zero_variance_groups_and_does_not_renormalise():
     assert adv.flatten()[4].item() == pytest.approx(0.75 / (0.5 + 1e-4))
 
 
+def test_cross_step_on_one_process_is_cross_group():
+    adv = grpo(reward_rows(5, 4, 6))
+    for m in range(1, 7):
+        assert torch.equal(kept_rows("d3s_cross_step", adv, m, dist=distributed.SINGLE), cross_group(adv, m))
+
+
+@pytest.mark.parametrize("G,n", [(2, 4), (3, 3), (2, 6)])
+def test_two_stage_is_exact_at_each_stage_against_brute_force(G, n):
+    """Stage 1 keeps per group an m_intra-subset of maximal Var(A); stage 2 keeps, of their union, a G x m-subset of
+    maximal Var(A) (brute force over all subsets at both stages)."""
+    for seed in range(3):
+        adv = grpo(reward_rows(seed + 7, G, n))
+        flat = adv.flatten().tolist()
+        for m_intra in range(1, n + 1):
+            union = []
+            for g in range(G):  # stage 1, by brute force: the optimal variance per group
+                first = kept_rows("max_variance", adv[g : g + 1], m_intra)
+                assert pop_var(adv[g, first].tolist()) == pytest.approx(best_var(adv[g].tolist(), m_intra), abs=1e-9)
+                union += (first + g * n).tolist()
+            for m in range(1, m_intra + 1):
+                rows = two_stage(adv, m, m_intra=m_intra)
+                assert rows.tolist() == sorted(set(rows.tolist())) and set(rows.tolist()) <= set(union)
+                got = pop_var([flat[i] for i in rows.tolist()])
+                assert got == pytest.approx(best_var([flat[i] for i in union], G * m), abs=1e-9), (seed, m_intra, m)
+                assert got <= best_var(flat, G * m) + 1e-9  # never above the one-stage optimum
+        assert torch.equal(two_stage(adv, 2), cross_step(adv, 2))  # m_intra = n: one stage
+
+
+def test_two_stage_can_miss_the_one_stage_optimum():
+    """Group 0 holds the step's three highest advantages; with m_intra = 1 the first stage keeps only one of them."""
+    adv = torch.tensor([[3.0, 2.9, 2.8, -1.0], [0.1, 0.0, -0.1, -3.0]], dtype=torch.float64)
+    one = set(cross_step(adv, 2).tolist())
+    two = set(two_stage(adv, 2, m_intra=2).tolist())
+    flat = adv.flatten().tolist()
+    assert pop_var([flat[i] for i in two]) < pop_var([flat[i] for i in one])
+
+
+def test_kept_rows_passes_the_rules_options_from_the_algorithm_section():
+    adv = grpo(reward_rows(2, 3, 6))
+    alg = complete(Algorithm, rule="d3s_two_stage", n=6, m=2, m_intra=3)
+    assert torch.equal(kept_rows("d3s_two_stage", adv, 2, alg=alg), two_stage(adv, 2, m_intra=3))
+
+
+def test_select_rows_scopes():
+    """``kept`` scope: advantages normalised over each group's kept rollouts (0 elsewhere); ``group`` scope: the
+    full group's, for every rollout."""
+    from pods.downsample import select_rows, take_rows
+
+    rewards = reward_rows(4, 3, 5)
+    kept, adv = select_rows(complete(Algorithm, rule="max_reward", n=5, m=2, advantage_scope="kept"), rewards, 2)
+    expected = grpo(rewards.flatten()[kept].view(3, 2)).float().flatten()
+    assert torch.equal(adv[kept], expected) and adv.sum() == adv[kept].sum() and adv.shape == (15,)
+    kept, adv = select_rows(complete(Algorithm, rule="d3s_cross", n=5, m=2, advantage_scope="group"), rewards, 2)
+    assert torch.equal(adv, grpo(rewards).flatten().float()) and torch.equal(kept, cross_group(grpo(rewards), 2))
+    rows = take_rows("d3s_cross", kept, distributed.SINGLE, adv=adv.tolist(), tag=[f"row{i}" for i in range(15)])
+    assert rows["tag"] == [f"row{i}" for i in kept.tolist()] and rows["adv"] == adv[kept].tolist()
+
+
 def test_kept_rows_of_a_per_group_rule_are_flat_row_indices():
     rewards = reward_rows(3, 3, 5)
     kept = max_variance(rewards, 2)
@@ -144,6 +202,31 @@ def test_schedule_values_at_progress_0_half_1():
     assert sample_count(alg, 1.7) == 8 and token_fraction(alg, -1) == pytest.approx(0.2)  # clamped to [0, 1]
 
 
+def test_token_selection_with_no_live_token_keeps_nothing():
+    """Every token already out of the loss (e.g. a correction vetoed every sequence): nothing kept, no error."""
+    batch, stats = hand_batch()
+    batch.loss_mask.zero_()
+    m = top_k_tokens(batch, StepContext(alg=complete(Algorithm, token_keep=0.5), progress=0.0, dist=distributed.SINGLE, stats=stats))
+    assert batch.loss_mask.sum() == 0
+    assert m["tokens_kept_frac"] == 0.0 and m["entropy_kept"] == 0.0 and m["entropy_dropped"] == 0.0
+
+
+def test_sparse_rl_veto_of_every_sequence_then_d3s_tokens_keeps_nothing(tiny_dir):
+    """The composition docs/sparse-rl.md advertises, on a step where the correction rejects every sequence (the
+    sampler's log-probs 12 nats above the tiny model's own: ratio e^-12 < 1e-4 on every token): the correction, then
+    the token selector (real entropy pre-pass), run without raising and leave no token in the loss."""
+    from pods import tokens
+    from pods.backends.local import LocalBackend
+
+    cfg = compose(["algorithm=d3s", "algorithm.correction=sparse_rl"])
+    backend = LocalBackend(str(tiny_dir), cfg)
+    batch, _ = hand_batch()
+    batch.sampler_logprobs = (backend.policy_stats(batch).logprobs + 12.0) * batch.loss_mask
+    m = tokens.apply(batch, backend, cfg["algorithm"], 0.0, distributed.SINGLE)
+    assert batch.loss_mask.sum() == 0 and m["sparse_rl_rejected_frac"] == 1.0 and m["tokens_kept_frac"] == 0.0
+    assert m["sparse_rl_weight_max"] == 0.0 and m["sparse_rl_weight_mean"] == 0.0
+
+
 def test_seq_mean_counts_a_sequence_with_no_kept_tokens_as_zero_loss():
     """Documented choice: such a sequence stays in n_seqs (its loss term is 0); token_mean divides by kept tokens."""
     per_tok = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -187,6 +270,8 @@ def test_masked_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
         (["algorithm=d3s_cross", "algorithm.advantage_scope=kept"], "algorithm.advantage_scope"),
         (["algorithm=d3s", "algorithm.advantage_scope=batch"], "algorithm.advantage_scope"),
         (["algorithm=d3s", "algorithm.ramp=cubic"], "algorithm.ramp"),
+        (["algorithm=d3s", "algorithm.rule=d3s_two_stage", "algorithm.m_intra=5"], "algorithm.m_intra"),  # < m_final 8
+        (["algorithm=d3s", "algorithm.rule=d3s_cross_step", "algorithm.advantage_scope=kept"], "algorithm.advantage_scope"),
         (["algorithm=grpo_pods", "algorithm.token_rule=d3s_top_k"], "algorithm.token_keep"),
     ],
 )
@@ -198,8 +283,8 @@ def test_bad_d3s_settings_fail_with_the_key(overrides, key):
 
 
 # ---- the loop, with the real engine and backend --------------------------------------------------------------
-@pytest.mark.parametrize("alg", ["d3s", "d3s_cross"])
-def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, tiny_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("alg,rule", [("d3s", "d3s_intra"), ("d3s_cross", "d3s_cross"), ("d3s_cross", "d3s_cross_step")])
+def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, rule, tiny_dir, tmp_path, monkeypatch):
     """Records what the loop scores and builds: the batch's advantages are the FULL-group ones of the rows the
     rule picked from them (no re-normalisation), N follows the schedule, and the token metrics are logged."""
     import pods.loop as loop
@@ -208,8 +293,8 @@ def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, tiny_dir
     seen = {"rewards": [], "adv": []}
     score, build = loop.score_batch, loop.build_batch
     monkeypatch.setattr(loop, "score_batch", lambda *a, **k: seen["rewards"].append(r := score(*a, **k)) or r)
-    monkeypatch.setattr(loop, "build_batch", lambda *a, **k: seen["adv"].append(a[3].clone()) or build(*a, **k))
-    cfg = shrink(compose([f"algorithm={alg}", "algorithm.n=8", "algorithm.m=2", "algorithm.m_final=6"]), steps=2)
+    monkeypatch.setattr(loop, "build_batch", lambda *a, **k: seen["adv"].append(torch.as_tensor(a[3])) or build(*a, **k))
+    cfg = shrink(compose([f"algorithm={alg}", f"algorithm.rule={rule}", "algorithm.n=8", "algorithm.m=2", "algorithm.m_final=6"]), steps=2)
     loop.train(cfg, tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     G = cfg["train"]["prompts_per_step"]

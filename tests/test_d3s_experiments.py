@@ -43,7 +43,24 @@ CHOSEN = {  # not in the sources read here: chosen, pinned so that a change is d
     "hardware.finetune": "full",
 }
 PAPER = {
-    "d3s_qwen2_5_math_7b_grpo_h100x8": {**D3S_COMMON, **CHOSEN, "model.path": "Qwen/Qwen2.5-Math-7B", "algorithm.rule": "d3s_cross"},
+    "d3s_qwen2_5_math_7b_grpo_h100x8": {**D3S_COMMON, **CHOSEN, "model.path": "Qwen/Qwen2.5-Math-7B", "algorithm.rule": "d3s_cross_step"},
+    "d3s_qwen2_5_math_7b_gspo_h100x8": {  # GSPO (arXiv 2507.18071) as the base: its sequence ratio and clip ranges
+        **D3S_COMMON,
+        **CHOSEN,
+        "model.path": "Qwen/Qwen2.5-Math-7B",
+        "algorithm.rule": "d3s_cross_step",
+        "algorithm.policy_loss": "gspo",
+        "algorithm.epsilon": 3e-4,
+        "algorithm.epsilon_high": 4e-4,
+        "algorithm.loss_agg": "seq_mean",
+    },
+    "d3s_qwen2_5_math_1_5b_grpo_h100x8": {  # Table 3's model; the 7B setting's chosen values, a larger micro-batch (chosen)
+        **D3S_COMMON,
+        **CHOSEN,
+        "model.path": "Qwen/Qwen2.5-Math-1.5B",
+        "algorithm.rule": "d3s_cross_step",
+        "hardware.micro_batch_size": 16,
+    },
     "d3s_llama3_1_8b_grpo_h100x8": {
         **D3S_COMMON,
         **CHOSEN,

@@ -15,16 +15,24 @@ on first use (~30 s, once) is cached in <repo>/.cache/torch_extensions.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from harness import (
+    VLLM_ENGINE,
+    assert_not_imported,
+    assert_two_ranks_equal_one,
+    fixed_batch,
+    in_one_process,
+    logprob_gap,
+    on_two_ranks,
+    torchrun,
+    weight_gap,
+    weights_of,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 EQUIV = [
     "algorithm=grpo_pods",
     "algorithm.loss_agg=token_mean",
@@ -52,39 +60,10 @@ VARIANTS = {  # the 2-rank settings replayed in one process: ZeRO stage and extr
 }
 
 
-def _env() -> dict:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-
-
-def torchrun(args: list[str], log: Path, timeout: int = 400) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); log: {log}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def fixed_batch(seed: int, rows: int = 8):
-    """Random sequences of different prompt and completion lengths (ranks then hold different token counts)."""
-    from pods.backends import build_batch
-
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(10, 290, (int(k),), generator=g).tolist() for k in torch.randint(3, 9, (rows,), generator=g)]
-    completions = [torch.randint(10, 290, (int(k),), generator=g).tolist() for k in torch.randint(1, 13, (rows,), generator=g)]
-    return build_batch(prompts, completions, [[0.0] * len(c) for c in completions], torch.randn(rows, generator=g), 0)
+def two_steps(backend, cfg, dist, rows: slice) -> dict:
+    """Two optimizer steps (``LRS``) on the fixed batches 0 and 1, this process's rows of each."""
+    stats = [backend.update(fixed_batch(step).rows(rows.start, rows.stop), lr) for step, lr in enumerate(LRS)]
+    return {"stats": [dist.reduce_metrics(s) for s in stats]}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -92,8 +71,6 @@ def fixed_batch(seed: int, rows: int = 8):
 # ----------------------------------------------------------------------------------------------------------
 def worker(out: Path) -> None:
     from conftest import compose, shrink
-    from pods import distributed
-    from pods.backends.deepspeed import DeepSpeedBackend
     from pods.loop import train
     from pods.tiny import ensure_tiny
 
@@ -103,20 +80,10 @@ def worker(out: Path) -> None:
     cfg["train"].update(max_steps=8, time_budget_s=1.5)
     cfg["eval"]["every_s"] = 0.7
     train(cfg, out / "ga")
-    dist = distributed.init(cfg["hardware"])
     # (b) two optimizer steps on a fixed batch, rank r holding rows [4r, 4r + 4), micro-batches of 2
     backends = {}
     for name, overrides in VARIANTS.items():
-        c = compose(["hardware=cpu_ddp2_zero3", "hardware.micro_batch_size=2", *overrides, *EQUIV])
-        backend = backends[name] = DeepSpeedBackend(tiny, c)
-        stats = []
-        for step, lr in enumerate(LRS):
-            batch = fixed_batch(step)
-            stats.append(backend.update(batch.rows(4 * dist.rank, 4 * dist.rank + 4), lr))
-        weights = weights_of(backend)  # a collective under ZeRO-3: every rank iterates
-        stats = [dist.reduce_metrics(s) for s in stats]
-        if dist.is_main:
-            torch.save({"weights": weights, "stats": stats}, out / f"equiv_{name}.pt")
+        backends[name], dist = on_two_ranks(two_steps, [*overrides, *EQUIV], out, f"equiv_{name}")
     # (c) the ZeRO-3 export: the partitioned module's own log-probs, and a push into vLLM (last: see vllm_check)
     lp, weights = backends["zero3"].policy_logprobs(fixed_batch(7)), weights_of(backends["zero3"])  # collectives
     if dist.is_main:
@@ -124,10 +91,6 @@ def worker(out: Path) -> None:
     results = {"vllm": vllm_check(backends["zero3"], tiny, dist)}
     if dist.is_main:
         (out / "worker.json").write_text(json.dumps(results))
-
-
-def weights_of(backend) -> dict:
-    return {k: v.cpu() for k, v in backend.export_weights()}
 
 
 def vllm_check(backend, tiny: str, dist) -> dict | None:
@@ -139,24 +102,17 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
     import time
 
     from conftest import compose
-    from pods.backends import build_batch
     from pods.engines import ENGINES, Sampling
     from pods.models import load_tokenizer
     from pods.tasks import DATASETS, encode_prompts
 
     tok = load_tokenizer(tiny)
-    engine = ENGINES.get("vllm")(
-        tiny, tok, compose(["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"])["rollout"]
-    )
+    engine = ENGINES.get("vllm")(tiny, tok, compose(VLLM_ENGINE)["rollout"])
     task = DATASETS.get("toy_arith")(compose()["dataset"])
     (prompts,) = dist.shard(encode_prompts(task.test[:4], tok, None)[0])  # 2 prompts per rank
 
     def gap() -> float:
-        ro = engine.generate(prompts, 4, Sampling(temperature=0.9, max_tokens=10, seed=dist.rank))
-        batch = build_batch(
-            [prompts[i // 4] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0
-        )
-        return float(((backend.policy_logprobs(batch) - batch.sampler_logprobs).abs() * batch.loss_mask).max())
+        return logprob_gap(backend, prompts, engine.generate(prompts, 4, Sampling(temperature=0.9, max_tokens=10, seed=dist.rank)))
 
     stale = gap()  # the engine still holds the initial weights; the trainer took two steps
     clock = time.perf_counter()
@@ -171,11 +127,9 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
 # The tests (one pytest process; the 2-rank work happens in the launches above)
 # ----------------------------------------------------------------------------------------------------------
 def test_import_pods_does_not_import_deepspeed():
-    code = (
-        "import sys, pods, pods.loop, pods.backends, pods.distributed; from pods.backends import BACKENDS; "
-        "assert 'deepspeed' in BACKENDS.names(); assert 'deepspeed' not in sys.modules, 'deepspeed imported'"
+    assert_not_imported(
+        "import pods.loop, pods.backends, pods.distributed; assert 'deepspeed' in pods.backends.BACKENDS.names()", "deepspeed"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=_env())
 
 
 @pytest.mark.parametrize(
@@ -191,9 +145,11 @@ def test_import_pods_does_not_import_deepspeed():
 def test_deepspeed_config_is_generated_from_hydra(profile, stage, bf16):
     from conftest import compose
     from pods.backends.deepspeed import ds_config
+    from pods.schema import check
 
     cfg = compose([f"hardware={profile}", "optim.max_grad_norm=0.3", "optim.lr=2e-5", "hardware.micro_batch_size=5"])
-    d = ds_config(cfg)
+    typed = check(cfg)
+    d = ds_config(typed.hardware, typed.optim)
     assert d["zero_optimization"]["stage"] == stage and d["bf16"]["enabled"] is bf16 and d["gradient_clipping"] == 0.3
     assert (
         d["train_micro_batch_size_per_gpu"] == 5 and d["gradient_accumulation_steps"] == 1 and d["managed_gradient_accumulation"] is False
@@ -210,14 +166,17 @@ def test_deepspeed_config_is_generated_from_hydra(profile, stage, bf16):
 
 
 def test_deepspeed_rejects_lora_and_8bit_adam():
+    """The backend's own rules (``DeepSpeedBackend.check``), run by ``pods.config.validate`` before anything loads."""
     from conftest import compose
-    from pods.backends.deepspeed import ds_config
-    from pods.config import ConfigError
+    from pods.backends import BACKENDS
+    from pods.errors import ConfigError
+    from pods.schema import check
 
+    deepspeed = BACKENDS.get("deepspeed")
     with pytest.raises(ConfigError, match="hardware.finetune"):
-        ds_config(compose(["hardware=h100x8_zero3", "hardware.finetune=lora"]))
+        deepspeed.check(check(compose(["hardware=h100x8_zero3", "hardware.finetune=lora"])))
     with pytest.raises(ConfigError, match="optim.name"):
-        ds_config(compose(["hardware=h100x8_zero3", "optim.name=adamw_8bit"]))
+        deepspeed.check(check(compose(["hardware=h100x8_zero3", "optim.name=adamw_8bit"])))
 
 
 @pytest.fixture(scope="module")
@@ -307,13 +266,7 @@ def test_two_zero3_ranks_train_grpo_ga_on_a_time_budget(worker_run, tiny_dir):
 @pytest.fixture(scope="module")
 def local_run(tiny_dir):
     """The single-process reference: LocalBackend, float32, the whole 8-sequence batch in micro-batches of 3."""
-    from conftest import compose
-    from pods.backends.local import LocalBackend
-
-    local = LocalBackend(str(tiny_dir), compose(["hardware=cpu", "hardware.micro_batch_size=3", *EQUIV]))
-    start = {k: v.clone() for k, v in local.model.state_dict().items()}
-    stats = [local.update(fixed_batch(step), lr) for step, lr in enumerate(LRS)]
-    return start, local.model.state_dict(), stats
+    return in_one_process(tiny_dir, two_steps, EQUIV)
 
 
 @pytest.mark.slow
@@ -321,26 +274,21 @@ def local_run(tiny_dir):
 def test_two_rank_update_equals_the_single_process_update(worker_run, local_run, variant):
     """Same 8 sequences: 2 ranks x 4 (micro-batches of 2, DeepSpeed) vs 1 process x 8 (micro-batches of 3)."""
     ds = torch.load(worker_run / f"equiv_{variant}.pt", weights_only=False)
-    start, after, stats = local_run
     # Step 1 agrees to 3e-6; step 2 starts from weights that step 1 moved by up to lr = 1 (KL 15 to the start), where
     # the float32 reduction order of the two layouts shows at 3e-5 (grad norm) and 7e-6 (loss), and the weights differ by
-    # 2e-6 after moving by 0.2: a wrong gradient scale or a token counted twice is a factor of order 1.
-    for s_ds, s_local, rel in zip(ds["stats"], stats, (1e-5, 1e-4)):
-        assert s_ds["grad_norm"] == pytest.approx(s_local["grad_norm"], rel=rel)  # pre-clip global norm: the gradient's scale
-        assert s_ds["loss"] == pytest.approx(s_local["loss"], rel=rel, abs=1e-7) and s_ds["kl"] == pytest.approx(
-            s_local["kl"], rel=rel, abs=1e-7
-        )
+    # 2e-6 after moving by 0.2: a wrong gradient scale or a token counted twice is a factor of order 1. The pre-clip
+    # global grad norm is the gradient's scale.
+    assert_two_ranks_equal_one(ds, local_run, weights_tol=1e-5, grad_rel=(1e-5, 1e-4), keys=("grad_norm", "loss", "kl"))
+    stats = local_run["stats"]
     assert stats[1]["kl"] > 0 and stats[0]["grad_norm"] > 1.0  # step 2 sees the reference; step 1 is clipped to max_grad_norm
-    moved = max((after[k] - start[k]).abs().max().item() for k in after)
-    diff = max((ds["weights"][k] - after[k]).abs().max().item() for k in after)
-    assert moved > 0.05 and diff < 1e-5, f"{variant}: weights differ by {diff:.2e} (the two steps moved them by {moved:.2e})"
+    assert weight_gap(local_run["weights"], local_run["start"]) > 0.05, f"{variant}: the two steps barely moved the weights"
 
 
 @pytest.mark.slow
 def test_bf16_zero3_update_follows_the_float32_update(worker_run, local_run):
     """bf16 forward/backward with fp32 master weights (the GPU profiles): the same step up to bf16 rounding."""
     ds = torch.load(worker_run / "equiv_zero3_bf16.pt", weights_only=False)
-    start, after, stats = local_run
+    start, after, stats = local_run["start"], local_run["weights"], local_run["stats"]
     assert all(v.dtype == torch.bfloat16 for v in ds["weights"].values())
     d_ds = torch.cat([(ds["weights"][k].float() - start[k]).flatten() for k in after])
     d_local = torch.cat([(after[k] - start[k]).flatten() for k in after])

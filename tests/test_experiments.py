@@ -263,21 +263,6 @@ def test_cpu_comparison_arms_run_two_steps(tiny_dir, tmp_path):
         assert cfg["algorithm"]["n"] == n
 
 
-def test_mean_curves_interpolate_runs_onto_a_common_grid():
-    from pods.plot import mean_curves
-
-    rows = [
-        {"label": "A", "run_dir": d, "train_time": t, "accuracy": y}
-        for d, pts in {"s1": [(0, 0.0), (10, 1.0)], "s2": [(0, 0.2), (4, 0.4), (20, 0.4)]}.items()
-        for t, y in pts
-    ]
-    got = {c["time"]: c for c in mean_curves(rows, grid=[0, 5, 20])}
-    assert got[0]["mean"] == pytest.approx(0.1) and got[0]["runs"] == 2
-    assert got[5]["mean"] == pytest.approx((0.5 + 0.4) / 2)  # s1 interpolated at 5 s
-    assert got[20]["runs"] == 1 and got[20]["mean"] == pytest.approx(0.4)  # s1 ended at 10 s: never extrapolated
-    assert got[0]["hi"] - got[0]["mean"] == pytest.approx(1.96 * 0.1)  # std(ddof=1) 0.1414 / sqrt(2) = 0.1
-
-
 def test_figures_from_the_authors_released_curves(shared_dir, tmp_path, capsys):
     """`make figure-*` on the authors' curves alone: PODS reaches GRPO's peak 2x sooner on GSM8K (their claim: >= 1.7x)."""
     from pods.figures import plot

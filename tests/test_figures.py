@@ -76,7 +76,7 @@ TINY = [
 
 def test_run_key_ignores_bookkeeping_only():
     from pods.figures import resolved
-    from pods.runstore import run_key
+    from pods.launch import run_key
 
     base = resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=1"])
     same = resolved("gsm8k_qwen3b_pods_64_16_l40s", ["seed=1", "train.resume=auto", "logger=wandb"])
@@ -89,22 +89,24 @@ def test_figures_share_runs_by_config(tmp_path, monkeypatch):
     """Planning only (the launch itself is replaced by marking the run finished; the slow test below launches for
     real): Fig. 3's GSM8K panel, then Figs. 4-n, 4-m and 5 launch each distinct config once; 4-n, 4-m and 5 list
     Fig. 3's PODS 64->16 seed-1 run as theirs."""
-    from pods import figures, runstore
+    from pods import figures, launch
+    from pods.results.runs import listed
 
     launched = []
 
-    def fake_launch(name, fig, cfg, launcher, args, run_dir):
-        launched.append(run_dir)
-        runstore.mark(run_dir, "finished", launcher, args)
+    def fake_launch(jobs, launcher, **kw):
+        for job in jobs:
+            launched.append(job.run_dir)
+            launch.mark(job.run_dir, "finished", launcher, job.overrides)
         return []
 
-    monkeypatch.setattr(figures, "_launch", fake_launch)
+    monkeypatch.setattr(launch, "launch", fake_launch)
     for name in ["3-gsm8k-qwen3b-l40s", "4-n", "4-m", "5"]:
         figures.reproduce(name, "local", tmp_path / name, "1", [])
     assert len(launched) == len(set(launched)) == 2 + 4 + 3 + 2  # 64->16 max-variance once, for all four figures
-    pods_run = runstore.listed(tmp_path / "3-gsm8k-qwen3b-l40s")
+    pods_run = listed(tmp_path / "3-gsm8k-qwen3b-l40s")
     for name in ["4-n", "4-m", "5"]:
-        assert set(pods_run) & set(runstore.listed(tmp_path / name)), name
+        assert set(pods_run) & set(listed(tmp_path / name)), name
 
 
 @pytest.mark.slow
@@ -116,7 +118,8 @@ def test_reproduce_figure_4n_after_figure_3_starts_no_run_twice(tiny_dir, tmp_pa
     import sys
 
     from conftest import ROOT
-    from pods import runstore
+    from pods.launch import status
+    from pods.results.runs import listed
 
     def run(name):
         cmd = [
@@ -139,7 +142,7 @@ def test_reproduce_figure_4n_after_figure_3_starts_no_run_twice(tiny_dir, tmp_pa
     started = [line for line in (out3 + out4).splitlines() if "-m pods.train" in line]
     assert len(started) == 6 and out4.count("[figures] reusing") == 1, out4
     store = sorted((tmp_path / "by-config").iterdir())
-    assert len(store) == 6 and all(runstore.status(d)["status"] == "finished" for d in store)
-    assert set(runstore.listed(tmp_path / "3-gsm8k-qwen3b-l40s")) & set(runstore.listed(tmp_path / "4-n"))
+    assert len(store) == 6 and all(status(d)["status"] == "finished" for d in store)
+    assert set(listed(tmp_path / "3-gsm8k-qwen3b-l40s")) & set(listed(tmp_path / "4-n"))
     again = run("4-n")
     assert again.count("[figures] reusing") == 5 and again.count("-m pods.train") == 0  # all finished: nothing starts

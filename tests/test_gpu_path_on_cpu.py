@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from harness import VLLM_ENGINE as ENGINE
+from harness import torchrun, worker_env
 
 from conftest import ROOT, compose, shrink
-
-ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
 
 
 def _hw(**values) -> dict:
@@ -27,28 +26,6 @@ def _hw(**values) -> dict:
     from pods.schema import Hardware, complete
 
     return complete(Hardware, dist_backend="gloo", **values)
-
-
-def _env() -> dict:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-
-
-def torchrun(args: list[str], log: Path, timeout: int = 400) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); log: {log}\n{proc.stderr[-3000:]}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -117,20 +94,21 @@ def test_vllm_kwargs_use_the_external_launcher_only_under_a_launcher(monkeypatch
     """The construction arguments at the boundary, without starting an engine: one process -> vLLM's default
     executor and seed = seed; WORLD_SIZE=8, RANK=5 -> external_launcher and seed + 5; vLLM's own engine process
     (rollout.multiprocessing) is refused under a launcher (the external launcher needs the engine in-process)."""
-    from pods.engines.vllm import _llm_kwargs
+    from pods.engines.vllm_start import _llm_kwargs
+    from pods.schema import check
 
-    cfg = compose(ENGINE)["rollout"]
+    cfg = check(compose(ENGINE)).rollout
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     one = _llm_kwargs("m", cfg, on_cpu=True)
-    assert "distributed_executor_backend" not in one and one["seed"] == cfg["seed"]
+    assert "distributed_executor_backend" not in one and one["seed"] == cfg.seed
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("LOCAL_RANK", "5")
     eight = _llm_kwargs("m", cfg, on_cpu=False)
-    assert eight["distributed_executor_backend"] == "external_launcher" and eight["seed"] == cfg["seed"] + 5
+    assert eight["distributed_executor_backend"] == "external_launcher" and eight["seed"] == cfg.seed + 5
     with pytest.raises(ValueError, match="rollout.multiprocessing"):
-        _llm_kwargs("m", {**cfg, "multiprocessing": True}, on_cpu=False)
+        _llm_kwargs("m", cfg.model_copy(update={"multiprocessing": True}), on_cpu=False)
 
 
 def test_max_model_len_is_the_experiments_prompt_plus_completion_budget():
@@ -138,11 +116,15 @@ def test_max_model_len_is_the_experiments_prompt_plus_completion_budget():
     computed from the experiment files (before: null = the model's context, 131,072 for Llama-3.2: ~14 GiB of KV
     for one sequence, all that 0.5 of an L40S leaves). What vLLM allocates from it needs a GPU to see."""
     from pods.engines.vllm import context_length
+    from pods.schema import check
 
-    assert context_length(compose(["experiment=gsm8k_llama3b_grpo_16_16_l40s"])["rollout"]) == 512 + 512
-    assert context_length(compose(["experiment=gsm8k_qwen3b_grpo_ga_h100x8"])["rollout"]) == 512 + 1024
-    assert context_length(compose(["rollout=vllm", "sampling.max_tokens=20", "eval.max_tokens=30"])["rollout"]) == 128 + 30
-    assert context_length(compose(["rollout=vllm", "rollout.max_model_len=4096"])["rollout"]) == 4096
+    def rollout(overrides):
+        return check(compose(overrides)).rollout
+
+    assert context_length(rollout(["experiment=gsm8k_llama3b_grpo_16_16_l40s"])) == 512 + 512
+    assert context_length(rollout(["experiment=gsm8k_qwen3b_grpo_ga_h100x8"])) == 512 + 1024
+    assert context_length(rollout(["rollout=vllm", "sampling.max_tokens=20", "eval.max_tokens=30"])) == 128 + 30
+    assert context_length(rollout(["rollout=vllm", "rollout.max_model_len=4096"])) == 4096
 
 
 @pytest.mark.parametrize("bad", [["rollout.max_model_len=100"], ["dataset.max_prompt_length=null"]])
@@ -329,10 +311,13 @@ def test_deepspeed_shards_load_without_unpickling_code(tmp_path):
     weights back after a further step), and a shard replaced by a code-running pickle is refused without running it
     (DeepSpeed 0.19.8 alone loads shards with weights_only=False and would run it). The same on 8 GPUs' shards needs
     GPUs; the ZeRO-3 resume is tests/test_deepspeed_on_cpu.py's."""
-    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".cache" / "torch_extensions")
     p = subprocess.run(
-        [sys.executable, str(Path(__file__)), "shards", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+        [sys.executable, str(Path(__file__)), "shards", str(tmp_path)],
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((tmp_path / "shards.json").read_text())
@@ -347,9 +332,8 @@ def test_hydra_multirun_of_an_8gpu_experiment_is_refused(tmp_path):
     """``python -m pods.train -m experiment=gsm8k_qwen3b_pods_h100x8 seed=1,2`` (Hydra's own single-process launcher;
     the submitit launcher starts the same single process per job): exit 2 with one line naming
     slurm/run_8gpu.sbatch, before any model loads (before: it trained on 1 of the 8 GPUs without a word)."""
-    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "pods.train", "-m", "experiment=gsm8k_qwen3b_pods_h100x8", "seed=1,2", f"hydra.sweep.dir={tmp_path}"]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "slurm/run_8gpu.sbatch" in p.stderr and "hardware.nproc_per_node=8" in p.stderr and "Traceback" not in p.stderr
 
@@ -398,7 +382,10 @@ def test_gpu_scripts_fail_without_a_gpu_unless_cpu_is_asked_for(tmp_path):
         assert p.returncode == 2 and "no GPU visible" in p.stderr and "PODS_ALLOW_CPU=1" in p.stderr, (gpus, p.stdout, p.stderr)
     cpu = _setup(tmp_path / "cpu", None, PODS_ALLOW_CPU="1")
     assert cpu.returncode == 0 and cpu.stdout.split() == ["GPUS=0", "ARG=hardware.device=cpu"], cpu.stderr
-    eight = _setup(tmp_path / "gpu", 8, SLURM_ARRAY_JOB_ID="7", SLURM_ARRAY_TASK_ID="3")
+    probe_ok = tmp_path / "gpu_python"  # a GPU env's python whose CUDA probe (python -m pods.gpu_env) passes; see test_gpu_env
+    probe_ok.write_text("#!/bin/sh\nexit 0\n")
+    probe_ok.chmod(0o755)
+    eight = _setup(tmp_path / "gpu", 8, SLURM_ARRAY_JOB_ID="7", SLURM_ARRAY_TASK_ID="3", GPU_PY=str(probe_ok))
     assert eight.returncode == 0 and eight.stdout.split() == ["GPUS=8", "ARG=seed=3"], eight.stderr
 
 
@@ -426,13 +413,18 @@ def test_gpu_profiles_use_torch_adamw_and_fusedadam_without_nvcc_fails_early(pro
     key, before any model loads. That torch's AdamW then runs inside ZeRO on 8 GPUs needs a GPU to show; on CPU
     the same optimizer path runs in tests/test_deepspeed_on_cpu.py."""
     from pods.backends.deepspeed import ds_config
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
+    from pods.schema import check
 
-    assert ds_config(compose([f"hardware={profile}"]))["optimizer"]["params"]["torch_adam"] is True
+    def generated(overrides):
+        cfg = check(compose(overrides))
+        return ds_config(cfg.hardware, cfg.optim)
+
+    assert generated([f"hardware={profile}"])["optimizer"]["params"]["torch_adam"] is True
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.delenv("CUDA_HOME", raising=False)
     with pytest.raises(ConfigError, match="hardware.deepspeed.torch_adam"):
-        ds_config(compose([f"hardware={profile}", "hardware.deepspeed.torch_adam=false"]))
+        generated([f"hardware={profile}", "hardware.deepspeed.torch_adam=false"])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -453,7 +445,7 @@ def test_resume_refuses_pickled_code_and_foreign_files_with_one_line(tmp_path):
     ``weights_only=False``, ran it), and so are a text file and a torch file of some other layout: one line
     naming train.resume."""
     from pods.checkpoint import read
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
 
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"

@@ -79,13 +79,13 @@ def test_lora_with_kl_trains_adapter_only_and_reports_kl(tiny_dir, tmp_path):
 
 def test_advantages_are_computed_on_the_kept_subset(tiny_dir, tmp_path, monkeypatch):
     import pods.backends.base as base
-    import pods.loop as loop
+    import pods.downsample as downsample
 
     seen = {}
-    real_select, real_update = loop.kept_rows, base.Backend.update
+    real_select, real_update = downsample.kept_rows, base.Backend.update
 
-    def spy_select(rule, rewards, m, generator=None):  # flat row indices g * n + j of the kept rollouts
-        kept = real_select(rule, rewards, m, generator=generator)
+    def spy_select(rule, rewards, m, generator=None, **kw):  # flat row indices g * n + j of the kept rollouts
+        kept = real_select(rule, rewards, m, generator=generator, **kw)
         seen["rewards"], seen["kept"] = rewards.clone(), (kept.view(rewards.shape[0], m) % rewards.shape[1]).clone()
         return kept
 
@@ -93,7 +93,7 @@ def test_advantages_are_computed_on_the_kept_subset(tiny_dir, tmp_path, monkeypa
         seen["adv"] = batch.advantages.clone()
         return real_update(self, batch, lr, **kw)
 
-    monkeypatch.setattr(loop, "kept_rows", spy_select)
+    monkeypatch.setattr(downsample, "kept_rows", spy_select)
     monkeypatch.setattr(base.Backend, "update", spy_update)
     cfg = shrink(compose(["algorithm=grpo_pods", "algorithm.n=8", "algorithm.m=3", "algorithm.rule=max_reward"]), steps=1)
     train(cfg, tmp_path)

@@ -139,9 +139,9 @@ class _LinearPolicy:
     """A real differentiable policy for Backend.update: log p = theta * (token feature), one parameter."""
 
     def __init__(self):
-        from pods.backends.base import Backend
+        from pods.backends.base import Updater
 
-        class B(Backend):
+        class B(Updater):  # the update's hooks only (no model, no plug-in)
             def __init__(s):
                 s.alg = complete(Algorithm, policy_loss="clipped", loss_agg="bnpo", epsilon=0.2, beta=0.0)
                 s.micro_batch_size = 1
@@ -203,3 +203,60 @@ def test_loss_temperature_option():
     validate(cfg)
     with pytest.raises(ConfigError, match="algorithm.loss_temperature"):
         validate(compose(["algorithm.loss_temperature=hot"]))
+
+
+# ---- GSPO (arXiv 2507.18071) ---------------------------------------------------------------------------------
+def _gspo_case():
+    """Row 0: token log-ratios 0.1, 0.3 (both in the loss), A = +1; row 1: -0.1 in the loss, then 0.5 out of it (a
+    dropped token) and padding, A = -2."""
+    logp = torch.tensor([[0.1, 0.3, 0.0], [-0.1, 0.5, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    return logp, torch.zeros(2, 3), torch.tensor([1.0, -2.0]), mask
+
+
+def test_gspo_sequence_ratio_and_clip_hand_values():
+    """s_0 = exp((0.1 + 0.3) / 2) = e^0.2 = 1.2214 > 1.2: clipped, loss -1.2 on each of its tokens;
+    s_1 = e^-0.1 = 0.9048 (the dropped token's 0.5 does not enter), loss -(0.9048 x -2) = 1.8097, not clipped."""
+    logp, old, adv, mask = _gspo_case()
+    loss, clipped = POLICY_LOSSES.get("gspo")(logp, old, adv, 0.2, 0.2, mask=mask)
+    assert torch.allclose(loss, torch.tensor([[-1.2] * 3, [2 * math.exp(-0.1)] * 3]), atol=1e-6)
+    assert clipped.tolist() == [[True] * 3, [False] * 3]
+    # the paper's ranges (3e-4, 4e-4): both sequences are clipped, to 1 + 4e-4 and 1 - 3e-4
+    loss, clipped = POLICY_LOSSES.get("gspo")(logp, old, adv, 3e-4, 4e-4, mask=mask)
+    assert loss[0, 0].item() == pytest.approx(-(1 + 4e-4)) and loss[1, 0].item() == pytest.approx(2 * (1 - 3e-4))
+    assert clipped[:, 0].tolist() == [True, True]  # row 1: s below the range with A < 0: min picks (1 - 3e-4) x A
+
+
+def test_gspo_gradient_is_the_sequence_ratio_times_the_mean_token_gradient():
+    """seq_mean over the 2 sequences: row 0 is clipped (no gradient); row 1's loss -A s_1 has gradient
+    -A s_1 / |y_1| = 2 e^-0.1 / 1 on its one kept token, halved by the mean over 2 sequences; 0 elsewhere."""
+    logp, old, adv, mask = _gspo_case()
+    loss, _ = POLICY_LOSSES.get("gspo")(logp, old, adv, 0.2, 0.2, mask=mask)
+    AGGREGATIONS.get("seq_mean")(loss, mask, 2, 3).backward()
+    expected = torch.zeros(2, 3)
+    expected[1, 0] = 2 * math.exp(-0.1) / 2
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_gspo_token_has_gspo_values_and_gradients_with_one_advantage_per_sequence():
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(4, 6, generator=g) > 0.3).float()
+    old = torch.randn(4, 6, generator=g) * 0.1
+    base = old + torch.randn(4, 6, generator=g) * 0.1
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0])
+    grads, values = [], []
+    for name in ("gspo", "gspo_token"):
+        logp = base.clone().requires_grad_(True)
+        loss, clipped = POLICY_LOSSES.get(name)(logp, old, adv, 0.01, 0.015, mask=mask)
+        AGGREGATIONS.get("seq_mean")(loss, mask, 4, int(mask.sum())).backward()
+        grads.append(logp.grad)
+        values.append((loss * mask, clipped & (mask > 0)))
+    assert torch.allclose(values[0][0], values[1][0], atol=1e-6) and torch.equal(values[0][1], values[1][1])
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+    assert values[0][1].any() and not values[0][1].all()  # some sequences clipped, some not: both branches tested
+
+
+def test_gspo_needs_the_mask():
+    logp, old, adv, _ = _gspo_case()
+    with pytest.raises(ValueError, match="mask"):
+        POLICY_LOSSES.get("gspo")(logp, old, adv, 0.2, 0.2)

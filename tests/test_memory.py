@@ -26,10 +26,19 @@ SPEC = {"vocab_size": 4096, "num_hidden_layers": 4, "max_position_embeddings": 1
 PROMPT, COMPLETION = 64, 448  # 16 sequences of 512 tokens: the update is 0.2-1.1 GB
 
 
-def compose(overrides: list[str]) -> dict:
-    from pods.memory_report import compose as compose_run
+def compose(overrides: list[str]):
+    """The typed config of ``python -m pods.memory <overrides>`` (the schema's checks only)."""
+    from pods.compose import compose as compose_run
 
-    return compose_run(overrides)
+    return compose_run(overrides, rules=False)
+
+
+def changed(cfg, section: str, **values):
+    """A copy of the typed ``cfg`` with ``<section>.<key> = value`` for each of ``values``."""
+    out = cfg.model_copy(deep=True)
+    for key, value in values.items():
+        setattr(getattr(out, section), key, value)
+    return out
 
 
 def random_model(directory: Path, spec: dict, dtype: str = "float32"):
@@ -71,7 +80,7 @@ def measure_update(cfg_file: str) -> None:
     from pods.backends.local import LocalBackend
 
     cfg = json.loads(Path(cfg_file).read_text())
-    backend = LocalBackend(cfg["model"]["path"], cfg)
+    backend = LocalBackend(cfg["model"]["path"], cfg)  # a plain dict (config.json's form): typed by the schema
     vocab = backend.model.config.vocab_size
     backend.update(batch(2, 16, 16, vocab, seed=1), lr=1e-4)
     big = batch(cfg["hardware"]["micro_batch_size"], PROMPT, COMPLETION, vocab)
@@ -90,7 +99,7 @@ def test_layer_activations_equal_autograds_saved_tensors(dtype, lora):
     byte: the difference between a 3-layer and a 1-layer model on CPU."""
     import torch
 
-    from pods.memory_update import layer_saved_bytes
+    from pods.memory.update import layer_saved_bytes
 
     spec, (B, T), r = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768}, (4, 96), 16
     targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -149,7 +158,7 @@ def test_update_estimate_within_25pc_of_cpu_peak_rss(tmp_path):
         est = estimate(cfg)
         assert est.micro_batch == 16 and est.tokens == PROMPT + COMPLETION
         expected[name] = est.update_gb - est.gb("weights", "reference model (KL)", "optimizer state")
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg.model_dump()))
         cmd = [sys.executable, __file__, str(tmp_path / f"{name}.json")]
         procs[name] = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for name, p in procs.items():
@@ -165,14 +174,14 @@ def test_qwen3b_bf16_weights_and_what_grows():
     """Qwen2.5-3B-Instruct's bf16 weights are 2 B x 3,085,938,688 params exactly; the estimate grows with the
     micro-batch and the completion length; ZeRO-3 divides the weights by the ranks."""
     from pods.memory import architecture, estimate
-    from pods.memory_update import state_lines
+    from pods.memory.update import state_lines
 
     cfg = compose(["model=qwen2_5_3b_instruct", "hardware.dtype=bfloat16"])
-    assert {name: b for name, b, _ in state_lines(cfg, architecture(cfg["model"]))}["weights"] == 2 * QWEN3B_PARAMS
+    assert {name: b for name, b, _ in state_lines(cfg, architecture(cfg.model))}["weights"] == 2 * QWEN3B_PARAMS
 
     x8 = ["experiment=gsm8k_qwen3b_pods_h100x8"]
     cfg = compose(x8)
-    hw = lambda **kw: {**cfg, "hardware": {**cfg["hardware"], **kw}}  # noqa: E731
+    hw = lambda **kw: changed(cfg, "hardware", **kw)  # noqa: E731
     totals = [estimate(hw(micro_batch_size=m)).total_gb for m in (1, 2, 4, 8, 16, 32, 64)]
     assert totals == sorted(totals) and len(set(totals)) == len(totals), totals
     totals = [estimate(compose([*x8, f"sampling.max_tokens={c}"])).total_gb for c in (128, 256, 512, 1024, 2048)]
@@ -184,20 +193,20 @@ def test_qwen3b_bf16_weights_and_what_grows():
 
 @pytest.mark.slow  # 10-16 s: make test-all
 def test_every_gpu_experiment_fits_its_card():
-    """The shipped GPU experiments at their micro-batch sizes. The dense Sparse-RL baseline (HF generate, 4,096-token
-    completions) fits only because the HF engine takes each log-prob as it samples (one step's logits, not 4,096)
-    and generates 64 sequences per call: at the default 256 its dense KV cache alone is 44 GB of the 48."""
+    """The shipped GPU experiments at their micro-batch sizes. The dense Sparse-RL arm on one L40S with HF generate
+    (4,096-token completions) fits only because the HF engine takes each log-prob as it samples (one step's logits,
+    not 4,096) and generates 64 sequences per call: at 256 its dense KV cache alone is 44 GB of the 48."""
     from pods.memory import estimate, refusal
-    from pods.memory_report import gpu_experiments
+    from pods.memory.report import gpu_experiments
 
     names = [name for name in gpu_experiments() if not name.endswith("_cpu")]
     assert len(names) >= 14
     for name in names:
         cfg = compose([f"experiment={name}"])
-        assert cfg["hardware"]["device"] == "cuda", name
+        assert cfg.hardware.device == "cuda", name
         est = estimate(cfg)
         assert est.fits, f"{name}: {est.total_gb:.1f} GB of {est.card_gb} GB"
-    dense = compose(["experiment=sparse_rl_qwen2_5_3b_dense", "rollout.max_batch=256"])
+    dense = compose(["experiment=sparse_rl_qwen2_5_3b_dense", "rollout=hf", "hardware=l40s_lora", "rollout.max_batch=256"])
     est = estimate(dense)
     assert not est.fits and "rollout.max_batch=" in refusal(dense, est)
 
@@ -208,7 +217,7 @@ def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
     directory holds only Qwen2.5-3B-Instruct's config.json) and with no run directory left. The named size fits
     and one more does not."""
     from pods.architectures import ARCHITECTURES
-    from pods.config import ConfigError
+    from pods.errors import ConfigError
     from pods.memory import check_fits, estimate
 
     model = tmp_path / "models" / "Qwen2.5-3B-Instruct"
@@ -235,7 +244,7 @@ def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
         check_fits(cfg)
     assert str(e.value) == lines[0].removeprefix("pods: config error: ")
     fits = int(str(e.value).split("hardware.micro_batch_size=")[2].split()[0])
-    with_mb = lambda m: {**cfg, "hardware": {**cfg["hardware"], "micro_batch_size": m}}  # noqa: E731
+    with_mb = lambda m: changed(cfg, "hardware", micro_batch_size=m)  # noqa: E731
     assert estimate(with_mb(fits)).fits and not estimate(with_mb(fits + 1)).fits
     check_fits(with_mb(fits))
 
@@ -247,7 +256,7 @@ def test_a_cpu_run_is_never_refused():
     from pods.preflight import check_environment
 
     cfg = compose(["model=qwen2_5_7b_instruct", "hardware.micro_batch_size=64", "hardware.gpu_memory_gb=1", "sampling.max_tokens=4096"])
-    assert cfg["hardware"]["device"] == "cpu" and estimate(cfg).fits is False
+    assert cfg.hardware.device == "cpu" and estimate(cfg).fits is False
     check_fits(cfg)
     tiny = compose(["hardware=cpu_mb16", "hardware.gpu_memory_gb=0.001"])
     assert estimate(tiny).fits is False

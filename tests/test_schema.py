@@ -9,7 +9,7 @@ import pytest
 
 from conftest import CONF, compose
 from pods import schema
-from pods.config import ConfigError
+from pods.errors import ConfigError
 
 GROUPS = ["model", "dataset", "hardware", "rollout", "algorithm", "logger"]
 CASES = [[]] + [[f"experiment={p.stem}"] for p in sorted((CONF / "experiment").glob("*.yaml"))]
@@ -28,13 +28,16 @@ def _model(group: str, name: str):
 def test_every_config_passes_and_comes_back_complete(overrides):
     cfg = compose(overrides)
     out = schema.check(cfg)
-    assert schema.check(copy.deepcopy(out)) == out  # idempotent: checking the completed config changes nothing
+    assert isinstance(out, schema.Root)
+    assert schema.check(copy.deepcopy(out.model_dump())) == out  # idempotent: checking the completed config changes nothing
     for section in ("sampling", "train", "optim", "eval", *GROUPS):
-        model = _model(section, out[section]["name"]) if section in GROUPS else getattr(schema, section.capitalize())
+        node = getattr(out, section)
+        model = _model(section, node.name) if section in GROUPS else getattr(schema, section.capitalize())
         if model is not None:
-            assert set(out[section]) == set(model.model_fields), section  # every key present, no other
+            assert type(node) is model, section  # the shape its name picks
+            assert set(node.model_dump()) == set(model.model_fields), section  # every key present, no other
     for k, v in cfg["train"].items():  # values are kept (ints for float keys become floats)
-        assert out["train"][k] == v
+        assert getattr(out.train, k) == v
 
 
 def test_a_dict_caller_gets_the_schema_defaults():
@@ -52,7 +55,7 @@ def test_a_dict_caller_gets_the_schema_defaults():
     out = schema.check(cfg)
     assert out["algorithm"]["token_rule"] == "all" and out["algorithm"]["correction"] == "none"
     assert out["train"]["keep_checkpoints"] is None and out["eval"]["at_start"] is True and out["optim"]["warmup_ratio"] == 0.0
-    assert out["sampling"] == schema.Sampling().model_dump()
+    assert out.sampling == schema.Sampling()
 
 
 def test_types_are_normalised():
@@ -98,7 +101,7 @@ def test_the_shape_follows_the_option():
 
 
 def test_closest_key_for_keys_hydra_did_not_have():
-    from pods.schema_errors import closest_key
+    from pods.schema.messages import closest_key
 
     assert closest_key("optim.lrr").startswith("optim.lrr: unknown key; did you mean 'optim.lr'?")
     assert closest_key("rollout.gpu_memory_utilisation").startswith(
@@ -117,7 +120,7 @@ def test_config_nodes_are_the_schema_defaults_and_validate():
     nodes = schema.nodes()
     assert nodes["_schema"]["train"] == schema.Train().model_dump()
     assert nodes["algorithm/_base"] == {
-        k: v for k, v in schema.Algorithm(name="x", n=2, m=1, rule="all").model_dump().items() if k not in ("name", "n", "m", "rule")
+        k: v for k, v in schema.Algorithm(name="x", n=2, m=2, rule="all").model_dump().items() if k not in ("name", "n", "m", "rule")
     }
     full = {**nodes["hardware/_base"], "name": "x"}
     assert schema.Hardware.model_validate(full).model_dump() == full

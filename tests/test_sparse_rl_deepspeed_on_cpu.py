@@ -3,17 +3,14 @@
 The worker splits a fixed 8-sequence batch over the 2 ranks (rank r: rows 4r..4r+3), gives it sampler
 log-probs = the dense policy's + fixed noise (one row vetoed), runs the correction (weights normalised over
 both ranks' valid tokens) and one optimizer step. One process with ``LocalBackend`` and the whole batch must
-reach the same mask, metrics and weights.
+reach the same mask, metrics and weights (tests/harness.py).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from test_deepspeed_on_cpu import fixed_batch, torchrun, weights_of
+from harness import assert_two_ranks_equal_one, fixed_batch, two_ranks_and_one, worker_main
 
 ARGS = ["algorithm=grpo", "algorithm.correction=sparse_rl", "optim.eps=1.0", "optim.max_grad_norm=1.0"]
 LR = 0.5
@@ -29,50 +26,25 @@ def perturb(batch, backend, rows: slice) -> None:
     batch.sampler_logprobs = (backend.policy_stats(batch).logprobs + noise[rows]) * batch.loss_mask
 
 
-def worker(out: Path) -> None:
-    from conftest import compose
-    from pods import distributed, tokens
-    from pods.backends.deepspeed import DeepSpeedBackend
-    from pods.tiny import ensure_tiny
+def sparse_rl_step(backend, cfg, dist, rows: slice) -> dict:
+    """The correction over every rank's rows, then one update."""
+    from pods import tokens
 
-    cfg = compose(["hardware=cpu_ddp2_zero3", "hardware.micro_batch_size=2", "hardware.deepspeed.stage=3", *ARGS])
-    dist = distributed.init(cfg["hardware"])
-    backend = DeepSpeedBackend(str(ensure_tiny()), cfg)
-    batch = fixed_batch(3).rows(4 * dist.rank, 4 * dist.rank + 4)
-    perturb(batch, backend, slice(4 * dist.rank, 4 * dist.rank + 4))
+    batch = fixed_batch(3).rows(rows.start, rows.stop)
+    perturb(batch, backend, rows)
     metrics = tokens.apply(batch, backend, cfg["algorithm"], 0.0, dist)
     stats = dist.reduce_metrics(backend.update(batch, LR))
-    masks, tw = dist.gather_object(batch.loss_mask), dist.gather_object(batch.token_weights)
-    weights = weights_of(backend)  # a collective under ZeRO-3
-    if dist.is_main:
-        torch.save(
-            {"mask": torch.cat(masks), "tw": torch.cat(tw), "metrics": metrics, "stats": stats, "weights": weights}, out / "srl_zero3.pt"
-        )
-    print(f"[worker] rank {dist.rank} done", flush=True)
-    dist.barrier()
+    return {"metrics": metrics, "stats": [stats], "rows": {"mask": batch.loss_mask, "tw": batch.token_weights}}
 
 
 def test_two_rank_sparse_rl_correction_and_update_equal_one_process(tiny_dir, tmp_path):
-    from conftest import compose
-    from pods import distributed, tokens
-    from pods.backends.local import LocalBackend
-
-    torchrun([str(Path(__file__)), str(tmp_path)], tmp_path / "worker.log", timeout=600)
-    got = torch.load(tmp_path / "srl_zero3.pt", weights_only=False)
-    cfg = compose(["hardware=cpu", "hardware.micro_batch_size=3", *ARGS])
-    local = LocalBackend(str(tiny_dir), cfg)
-    batch = fixed_batch(3)
-    perturb(batch, local, slice(0, 8))
-    metrics = tokens.apply(batch, local, cfg["algorithm"], 0.0, distributed.SINGLE)
-    stats = local.update(batch, LR)
-    assert torch.equal(got["mask"], batch.loss_mask) and batch.loss_mask[5].sum() == 0
-    assert torch.allclose(got["tw"], batch.token_weights, atol=1e-5)  # normalised over both ranks' tokens
+    got, want = two_ranks_and_one(__file__, tmp_path, tiny_dir, sparse_rl_step, ARGS)
+    assert want["rows"]["mask"][5].sum() == 0  # the vetoed row
+    # token weights are normalised over both ranks' tokens: a sum in another order, float32
+    assert_two_ranks_equal_one(got, want, weights_tol=2e-6, grad_rel=1e-5, rows_atol={"tw": 1e-5})
     for k in ("sparse_rl_rejected_frac", "sparse_rl_masked_frac", "sparse_rl_weight_max", "mismatch_kl"):
-        assert got["metrics"][k] == pytest.approx(metrics[k], rel=1e-4, abs=1e-6)
-    assert got["stats"]["grad_norm"] == pytest.approx(stats["grad_norm"], rel=1e-5)
-    after = local.model.state_dict()
-    assert max((got["weights"][k] - after[k]).abs().max().item() for k in after) < 2e-6
+        assert got["metrics"][k] == pytest.approx(want["metrics"][k], rel=1e-4, abs=1e-6)
 
 
 if __name__ == "__main__":  # torchrun ... tests/test_sparse_rl_deepspeed_on_cpu.py OUT_DIR
-    worker(Path(sys.argv[1]))
+    worker_main(sparse_rl_step, ARGS)

@@ -9,9 +9,9 @@ import torch
 
 from pods.engines import ENGINES, Sampling
 from pods.engines.kv_policies import KV_POLICIES
-from pods.engines.sparse_hf import check
+from pods.engines.sparse_hf import check_settings
 from pods.models import load_tokenizer
-from pods.schema import HfRollout, complete
+from pods.schema import HfRollout, SparseHfRollout, complete
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_small_budget_bounds_the_cache_and_logprobs_match_the_kept_cache(model_t
 
 
 def test_policies_by_hand():
-    c = {"sink": 2, "window": 2, "kernel": 1, "mix_alpha": 0.1, "sim_threshold": 0.5}
+    c = complete(SparseHfRollout, name="sparse_hf", sink=2, window=2, kernel=1, mix_alpha=0.1, sim_threshold=0.5)
     keys = torch.randn(1, 1, 10, 4)
     assert KV_POLICIES.get("sink_window")(keys, None, 5, c)[0].tolist() == [0, 1, 7, 8, 9]
     # snapkv: the window query points at position 3 only -> 3 is kept with the 2-token window
@@ -103,6 +103,6 @@ def test_policies_by_hand():
 
 def test_bad_budget_is_named():
     with pytest.raises(ValueError, match="rollout.budget"):
-        check({"method": "snapkv", "budget": 16, "interval": 10, "window": 8})
+        check_settings({"method": "snapkv", "budget": 16, "interval": 10, "window": 8})
     with pytest.raises(ValueError, match="unknown KV compression method"):
-        check({"method": "nope"})
+        check_settings({"method": "nope"})

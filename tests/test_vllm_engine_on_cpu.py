@@ -11,11 +11,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from harness import VLLM_ENGINE as ENGINE
+from harness import assert_not_imported
+from harness import logprob_gap as recompute_gap
 
 from conftest import compose, shrink
 
@@ -25,7 +26,6 @@ pytestmark = pytest.mark.slow
 
 
 TOL = 1e-4
-ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
 
 
 def backend_for(tiny_dir, overrides=()):
@@ -59,19 +59,8 @@ def engine(tiny_dir, tok):
     eng.close()
 
 
-def recompute_gap(backend, prompts, ro) -> float:
-    """Largest |sampler log-prob - the trainer's log-prob| over the completion tokens of ``ro``."""
-    from pods.backends import build_batch
-
-    batch = build_batch(
-        [prompts[i // ro.n] for i in range(len(ro.completion_ids))], ro.completion_ids, ro.logprobs, torch.zeros(len(ro.completion_ids)), 0
-    )
-    return float(((backend.policy_logprobs(batch) - batch.sampler_logprobs).abs() * batch.loss_mask).max())
-
-
 def test_import_pods_does_not_import_vllm():
-    code = "import sys, pods, pods.engines, pods.loop, pods.config; from pods.engines import ENGINES; assert 'vllm' in ENGINES.names(); assert 'vllm' not in sys.modules, 'vllm imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert_not_imported("import pods.engines, pods.loop, pods.config; assert 'vllm' in pods.engines.ENGINES.names()", "vllm")
 
 
 def test_engine_start_leaves_the_trainer_alone_and_close_frees_it(tiny_dir, tok):
@@ -148,7 +137,7 @@ def test_sync_after_each_optimizer_step(engine, tiny_dir, prompts, finetune):
         rows = range(len(ro.completion_ids))
         batch = build_batch([prompts[i // n] for i in rows], ro.completion_ids, ro.logprobs, torch.randn(len(rows), generator=gen), 0)
         backend.update(batch, lr=1e-3)
-        stale = float(((backend.policy_logprobs(batch) - batch.sampler_logprobs).abs() * batch.loss_mask).max())
+        stale = recompute_gap(backend, prompts, ro)  # the rollouts' log-probs against the updated policy
         assert stale > 10 * TOL, f"step {step}: the update barely changed the policy ({stale:.2e}); the test would not see a missing sync"
         engine.load_weights(backend.export_weights())
         assert engine.last_sync_s > 0

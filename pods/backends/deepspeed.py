@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from pods.backends.base import Backend, TokenStats, TrainBatch, loss_temperature
-from pods.backends.local import LocalBackend
+from pods.backends.base import Backend, Sections, TokenStats, TrainBatch
+from pods.errors import ConfigError
 from pods.models import load_policy
+from pods.schema import Hardware, Optim, Root
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -36,59 +37,50 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def ds_config(cfg: dict) -> dict:
-    """The DeepSpeed config for this run (a plain dict; ``hardware.deepspeed.config`` is merged in last)."""
-    from pods.config import ConfigError
-
-    hw, o = cfg["hardware"], cfg["optim"]
-    d = hw["deepspeed"]
-    stage = d["stage"]
-    if stage not in (2, 3):
-        raise ConfigError(f"hardware.deepspeed.stage must be 2 or 3, got {stage}")
-    if hw["finetune"] != "full":
-        raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA: hardware=l40s_lora)")
-    if o["name"] != "adamw":
-        raise ConfigError(f"hardware.backend=deepspeed uses DeepSpeed's AdamW: optim.name must be 'adamw', got '{o['name']}'")
-    zero = {"stage": stage, "overlap_comm": d["overlap_comm"], "contiguous_gradients": True}
-    if stage == 3:
+def ds_config(hw: Hardware, o: Optim) -> dict:
+    """The DeepSpeed config for this run (a plain dict; ``hardware.deepspeed.config`` is merged in last), from the
+    hardware and optim sections (``DeepSpeedBackend.check`` has checked them)."""
+    d = hw.deepspeed
+    zero = {"stage": d.stage, "overlap_comm": d.overlap_comm, "contiguous_gradients": True}
+    if d.stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True  # save_pretrained gathers the full weights
     for part in ("optimizer", "param"):
-        if d[f"offload_{part}"]:
-            zero[f"offload_{part}"] = {"device": d[f"offload_{part}"], "pin_memory": True}
+        device = getattr(d, f"offload_{part}")
+        if device:
+            zero[f"offload_{part}"] = {"device": device, "pin_memory": True}
     conf = {
-        "train_micro_batch_size_per_gpu": int(hw["micro_batch_size"]),
+        "train_micro_batch_size_per_gpu": int(hw.micro_batch_size),
         "gradient_accumulation_steps": 1,  # the loop accumulates (Backend.update): DeepSpeed must not rescale
         "managed_gradient_accumulation": False,  # engine.step() is the accumulation boundary
-        "gradient_clipping": float(o["max_grad_norm"] or 0.0),
+        "gradient_clipping": float(o.max_grad_norm or 0.0),
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": float(o["lr"]),
-                "betas": list(o["betas"]),
-                "eps": float(o["eps"]),
-                "weight_decay": float(o["weight_decay"]),
+                "lr": float(o.lr),
+                "betas": list(o.betas),
+                "eps": float(o.eps),
+                "weight_decay": float(o.weight_decay),
                 "torch_adam": _torch_adam(hw),
             },
         },
-        "bf16": {"enabled": hw["dtype"] == "bfloat16"},
-        "fp16": {"enabled": hw["dtype"] == "float16"},
+        "bf16": {"enabled": hw.dtype == "bfloat16"},
+        "fp16": {"enabled": hw.dtype == "float16"},
         "zero_optimization": zero,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
-    return _merge(conf, d["config"])
+    return _merge(conf, d.config)
 
 
-def _torch_adam(hw: dict) -> bool:
-    """torch's AdamW unless the profile asks for FusedAdam, which needs nvcc (a CUDA toolkit) to JIT-build on GPUs."""
+def _torch_adam(hw: Hardware) -> bool:
+    """torch's AdamW unless the profile asks for FusedAdam, which needs nvcc (a CUDA toolkit) to JIT-build on GPUs: a
+    check of the machine the backend starts on (a login node that validates a sweep may have no nvcc), so here."""
     import os
     import shutil
 
-    from pods.config import ConfigError
-
-    torch_adam = hw["deepspeed"]["torch_adam"]
+    torch_adam = hw.deepspeed.torch_adam
     no_nvcc = shutil.which("nvcc") is None and not os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc"))
-    if not torch_adam and hw["device"] == "cuda" and no_nvcc:
+    if not torch_adam and hw.device == "cuda" and no_nvcc:
         raise ConfigError(
             "hardware.deepspeed.torch_adam=false: DeepSpeed's FusedAdam is JIT-built with nvcc at start-up and no CUDA toolkit "
             "was found (nvcc not on PATH, CUDA_HOME unset): set hardware.deepspeed.torch_adam=true or install nvcc of torch's CUDA"
@@ -103,19 +95,15 @@ def _layer_of(name: str) -> str:
 
 
 class DeepSpeedBackend(Backend):
-    _token_stats = LocalBackend._token_stats  # the same forward as one process
-    _logprobs = LocalBackend._logprobs
+    """``hardware.backend=deepspeed``: full fine-tuning, ZeRO-2/3 over the process group ``pods.distributed`` made."""
 
-    def __init__(self, model_dir: str, cfg: dict):
+    def __init__(self, model_dir: str, cfg: Root | dict | Sections):
         import deepspeed
         from deepspeed.accelerator import get_accelerator
         from transformers.integrations import HfDeepSpeedConfig
 
-        hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
-        self.micro_batch_size = int(hw["micro_batch_size"])
-        self.temperature = loss_temperature(cfg)
-        self.chunk_tokens = hw["logprob_chunk_tokens"]
-        self.config = ds_config(cfg)
+        super().__init__(model_dir, cfg)
+        self.config = ds_config(self.hw, self.optim_cfg)
         self.stage = self.config["zero_optimization"]["stage"]
         self.collective_forward = self.stage == 3
         if not hasattr(deepspeed.DeepSpeedEngine, "managed_gradient_accumulation"):  # new in 2026 (0.19.x)
@@ -130,16 +118,25 @@ class DeepSpeedBackend(Backend):
         # Kept alive on purpose: from_pretrained then partitions weights while loading (ZeRO-3), and HF
         # generate() keeps ranks in step (synced_gpus) when it runs on the partitioned module.
         self._hf_ds_config = HfDeepSpeedConfig(self.config)
-        model = load_policy(model_dir, hw)
+        model = load_policy(model_dir, self.hw)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.config)
-        self.ref = self._reference(model_dir, hw) if self.alg["beta"] > 0 else None
+        self.ref = self._reference(model_dir) if self.alg.beta > 0 else None
 
-    def _reference(self, model_dir: str, hw: dict):
+    @classmethod
+    def check(cls, cfg: Root) -> None:
+        """Full fine-tuning with DeepSpeed's AdamW (ZeRO's stage is the schema's: 2 or 3)."""
+        hw, o = cfg.hardware, cfg.optim
+        if hw.finetune != "full":
+            raise ConfigError("hardware.backend=deepspeed does full fine-tuning: set hardware.finetune=full (LoRA: hardware=l40s_lora)")
+        if o.name != "adamw":
+            raise ConfigError(f"hardware.backend=deepspeed uses DeepSpeed's AdamW: optim.name must be 'adamw', got '{o.name}'")
+
+    def _reference(self, model_dir: str):
         """The frozen initial policy for the KL term: partitioned like the policy under ZeRO-3 (no optimizer)."""
         import deepspeed
 
-        ref = load_policy(model_dir, {**hw, "gradient_checkpointing": False}).requires_grad_(False).eval()
+        ref = load_policy(model_dir, self.hw.model_copy(update={"gradient_checkpointing": False})).requires_grad_(False).eval()
         if self.stage < 3:
             return ref.to(self.device)
         conf = {k: v for k, v in self.config.items() if k not in ("optimizer", "managed_gradient_accumulation", "gradient_clipping")}
@@ -160,21 +157,17 @@ class DeepSpeedBackend(Backend):
 
     def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
         self.engine.train()
-        return self._token_stats(self.engine, mb, entropy)
-
-    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        return self.forward_stats(mb).logprobs
+        return self.token_stats(self.engine, mb, entropy)
 
     @torch.no_grad()
     def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        return self._logprobs(self.ref, mb)
+        return self.token_stats(self.ref, mb).logprobs
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
 
     def optimizer_step(self, lr: float) -> float:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.set_lr(self.optimizer, lr)
         self.engine.step()  # reduces, clips to gradient_clipping, steps AdamW, zeroes the gradients
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
@@ -186,7 +179,7 @@ class DeepSpeedBackend(Backend):
         this is a collective, so every rank must consume the whole iterator. A tied head is yielded under both
         names (``model.embed_tokens.weight`` and ``lm_head.weight``), as in ``state_dict()``.
         """
-        module = self.engine.module
+        module = self.policy
         if self.stage < 3:
             yield from module.state_dict().items()
             return
@@ -245,7 +238,7 @@ class DeepSpeedBackend(Backend):
         if self.stage == 3:
             sd = self.engine._zero3_consolidated_16bit_state_dict()  # gathered layer by layer onto rank 0's CPU
         else:
-            sd = {k: v.cpu() for k, v in self.engine.module.state_dict().items()}
+            sd = {k: v.cpu() for k, v in self.policy.state_dict().items()}
         if self.rank == 0:
-            self.engine.module.save_pretrained(out_dir, state_dict=sd)
+            self.policy.save_pretrained(out_dir, state_dict=sd)
         torch.distributed.barrier()

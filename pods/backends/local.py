@@ -10,8 +10,9 @@ import copy
 
 import torch
 
-from pods.backends.base import OPTIMIZERS, Backend, TokenStats, TrainBatch, loss_temperature, token_stats
-from pods.models import load_policy
+from pods.backends.base import OPTIMIZERS, Backend, Sections, TokenStats, TrainBatch
+from pods.models import load_policy, unwrap
+from pods.schema import Hardware, Root
 
 
 def is_quantized(p: torch.Tensor) -> bool:
@@ -36,73 +37,60 @@ def exported_weight(modules: dict, name: str, p: torch.Tensor) -> torch.Tensor:
     return w.to(p.dtype) if p.is_floating_point() else w
 
 
+def with_lora(model, hw: Hardware, quantization: str | None):
+    """``model`` under a fresh peft LoRA adapter of ``hw.lora`` (a 4-bit base prepared for k-bit training first)."""
+    from peft import LoraConfig, get_peft_model
+
+    lc = hw.lora
+    if quantization:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=hw.gradient_checkpointing)
+    targets = lc.target_modules if isinstance(lc.target_modules, str) else list(lc.target_modules)  # a str: peft's "all-linear"
+    config = LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
 class LocalBackend(Backend):
-    def __init__(self, model_dir: str, cfg: dict):
-        hw, self.alg, self.optim_cfg = cfg["hardware"], cfg["algorithm"], cfg["optim"]
-        self.device = torch.device(hw["device"])
-        self.micro_batch_size = int(hw["micro_batch_size"])
-        self.temperature = loss_temperature(cfg)
-        self.chunk_tokens = hw["logprob_chunk_tokens"]
-        self.lora = hw["finetune"] == "lora"
-        quant = cfg["model"]["quantization"]
+    """``hardware.backend=local``: one process, one device; LoRA (peft, optionally on a 4-bit NF4 base) or full
+    fine-tuning, with the optimizer ``optim.name`` names (``OPTIMIZERS``)."""
+
+    def __init__(self, model_dir: str, cfg: Root | dict | Sections):
+        super().__init__(model_dir, cfg)
+        hw, quant = self.hw, self.model_cfg.quantization
+        self.device = torch.device(hw.device)
+        self.lora = hw.finetune == "lora"
         model = load_policy(model_dir, hw, quantization=quant)
         if not quant:
             model = model.to(self.device)
         self.ref = None
         if self.lora:
-            from peft import LoraConfig, get_peft_model
-
-            lc = hw["lora"]
-            if quant:
-                from peft import prepare_model_for_kbit_training
-
-                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=hw["gradient_checkpointing"])
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=lc["r"],
-                    lora_alpha=lc["alpha"],
-                    lora_dropout=lc["dropout"],
-                    target_modules=list(lc["target_modules"]),
-                    task_type="CAUSAL_LM",
-                ),
-            )
-        elif self.alg["beta"] > 0:
+            model = with_lora(model, hw, quant)
+        elif self.alg.beta > 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = OPTIMIZERS.get(self.optim_cfg["name"])(self.params, self.optim_cfg)
+        self.optimizer = OPTIMIZERS.get(self.optim_cfg.name)(self.params, self.optim_cfg)
 
     @property
     def policy(self):
         """The module the HF engine generates with."""
         return self.model
 
-    def _token_stats(self, model, mb: TrainBatch, entropy: bool = False) -> TokenStats:
-        """Completion-token log-probs (and entropies) of ``model`` on ``mb``, via the chunked head (no [B, T, V] logits)."""
-        return token_stats(model, mb, self.temperature, self.chunk_tokens, entropy)
-
-    def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
-        return self._token_stats(model, mb).logprobs
-
     def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
         self.model.train()
-        return self._token_stats(self.model, mb, entropy)
-
-    def forward_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        return self.forward_stats(mb).logprobs
+        return self.token_stats(self.model, mb, entropy)
 
     @torch.no_grad()
     def ref_logprobs(self, mb: TrainBatch) -> torch.Tensor:
         if self.lora:
             with self.model.disable_adapter():
-                return self._logprobs(self.model, mb)
-        return self._logprobs(self.ref, mb)
+                return self.token_stats(self.model, mb).logprobs
+        return self.token_stats(self.ref, mb).logprobs
 
     def optimizer_step(self, lr: float) -> float:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        max_norm = self.optim_cfg["max_grad_norm"]
+        self.set_lr(self.optimizer, lr)
+        max_norm = self.optim_cfg.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -120,7 +108,7 @@ class LocalBackend(Backend):
         if not self.lora:
             yield from self.model.state_dict().items()
             return
-        base = self.model.get_base_model()
+        base = unwrap(self.model)
         modules = dict(base.named_modules())
         for name, p in base.named_parameters(remove_duplicate=False):
             if "lora_" not in name:

@@ -1,9 +1,9 @@
 """Rollout engines by name. Heavy engines are registered lazily, so ``import pods`` never imports vLLM."""
 
-from pods.engines.base import ENGINES, Rollouts, Sampling
+from pods.engines.base import ENGINES, Engine, Rollouts, Sampling
 
 ENGINES.register_lazy("hf", "pods.engines.hf:HFEngine")
 ENGINES.register_lazy("vllm", "pods.engines.vllm:VLLMEngine")
 ENGINES.register_lazy("sparse_hf", "pods.engines.sparse_hf:SparseHFEngine")  # compressed-KV rollouts (Sparse-RL)
 
-__all__ = ["ENGINES", "Rollouts", "Sampling"]
+__all__ = ["ENGINES", "Engine", "Rollouts", "Sampling"]

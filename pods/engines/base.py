@@ -1,17 +1,25 @@
-"""What every rollout engine returns and accepts.
+"""What every rollout engine is, returns and accepts.
 
-An engine is built as ``cls(model_dir, tokenizer, cfg: dict, policy=None)``; ``policy`` is the live
-training module (engines that generate with it, like HF, need no weight sync). It provides:
-- ``generate(prompts: list[list[int]], n: int, sampling: Sampling) -> Rollouts``
-- ``load_weights(named_tensors: Iterable[tuple[str, Tensor]]) -> None``: push new policy weights (HF names)
-- ``needs_sync: bool``: False when the engine already generates with the live policy.
+An engine is a subclass of ``Engine``, built as ``cls(model_dir, tokenizer, cfg, policy=None)`` where ``cfg`` is
+its own rollout section (``section``); ``policy`` is the live training module (engines that generate with it,
+like HF, need no weight sync). It owns its rules (``check``, called by ``pods.config.validate`` before anything
+loads) and its memory model (``memory`` and ``memory_fixes``, called by ``pods.memory``). ``PolicyEngine`` is the
+base of the engines that sample with the training module. Adding an engine is one module and one
+``ENGINES.register_lazy`` line.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pods.registry import Registry
+from pods.schema import Section
+
+if TYPE_CHECKING:
+    from pods.memory.lines import EngineMemory, Fits, Fix
+    from pods.schema import Root
 
 ENGINES = Registry("rollout engine")
 
@@ -49,3 +57,76 @@ class Rollouts:
     @property
     def num_tokens(self) -> int:
         return sum(map(len, self.completion_ids))
+
+
+class Engine(ABC):
+    """A rollout engine. ``section``: its rollout config model (``__init__`` takes it, or a plain dict of it);
+    ``needs_sync``: False when it samples with the live policy (nothing to push after an update)."""
+
+    section: type[Section] = Section  # its pods.schema section (HfRollout, VllmRollout, ...)
+    needs_sync: bool = False
+
+    @classmethod
+    def check(cls, cfg: Root) -> None:
+        """Rules this engine adds across sections (``cfg``: the typed root), before anything loads; ``ConfigError``
+        in one line naming the key."""
+        return None
+
+    @classmethod
+    def memory(cls, cfg: Root, arch: dict, card: float | None) -> EngineMemory:
+        """This engine's part of one GPU's memory estimate (``pods.memory``; ``arch``: the model's config.json fields,
+        ``card``: GB or None). An engine without a memory model is not estimated (the check logs it and goes on)."""
+        raise ValueError(f"the {cls.__name__} engine has no memory model")
+
+    @classmethod
+    def memory_fixes(cls, cfg: Root, fits: Fits) -> list[Fix]:
+        """Settings of this engine with which a run that does not fit its card would fit (``fits`` probes one)."""
+        return []
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
+        """n completions of every prompt (``Rollouts``: grouped, with the sampler's untruncated log-probs)."""
+
+    def load_weights(self, named_tensors) -> None:
+        """Push new policy weights (HF names); engines that sample with the live policy have nothing to do."""
+        return None
+
+    def close(self) -> None:
+        """Free what the engine holds (an engine with its own copy of the model: the copy and its KV cache)."""
+        return None
+
+
+class PolicyEngine(Engine):
+    """An engine that samples with the live training module (``policy``, required): nothing to sync after an update,
+    and its memory goes through the trainer's allocator (``pods.engines.memory.generation``, a dense KV cache of
+    ``rollout.max_batch`` sequences per call unless ``kv_cache`` says otherwise). It stops on the end-of-turn ids:
+    the model's generation_config eos ids and the tokenizer's eos."""
+
+    needs_sync = False
+    label = "policy"  # the engine's name in messages
+
+    def __init__(self, model_dir, tokenizer, cfg, policy=None):
+        if policy is None:
+            raise ValueError(f"the {self.label} engine generates with the training model: pass policy=")
+        self.policy, self.tok, self.cfg = policy, tokenizer, self.section.of(cfg)
+        eos = policy.generation_config.eos_token_id
+        self.stop_ids = {i for i in (eos if isinstance(eos, list) else [eos]) if i is not None} | {tokenizer.eos_token_id}
+
+    @classmethod
+    def kv_cache(cls, cfg: Root):
+        """(sequences of a call, prompt, completion tokens) -> (sequences, tokens each keeps in KV): dense."""
+        from pods.engines.memory import dense
+
+        return dense
+
+    @classmethod
+    def memory(cls, cfg: Root, arch: dict, card: float | None) -> EngineMemory:
+        from pods.engines.memory import generation
+
+        return generation(cfg, arch, cls.kv_cache(cfg))
+
+    @classmethod
+    def memory_fixes(cls, cfg: Root, fits: Fits) -> list[Fix]:
+        from pods.engines.memory import fewer_sequences
+
+        return fewer_sequences(cfg, fits)

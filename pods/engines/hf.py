@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
 
-from pods.engines.base import Rollouts, Sampling
+from pods.engines.base import PolicyEngine, Rollouts, Sampling
+from pods.models import unwrap
+from pods.progress import bar
+from pods.schema import HfRollout
 
 
-class HFEngine:
-    needs_sync = False
+class HFEngine(PolicyEngine):
+    """``rollout=hf``: ``transformers``' ``generate`` on ``rollout.max_batch`` sequences per call."""
 
-    def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):
-        if policy is None:
-            raise ValueError("the hf engine generates with the training model: pass policy=")
-        self.policy, self.tok = policy, tokenizer
-        self.max_batch = cfg["max_batch"]  # sequences per generate call
-        self.stop_ids = set(
-            policy.generation_config.eos_token_id
-            if isinstance(policy.generation_config.eos_token_id, list)
-            else [policy.generation_config.eos_token_id]
-        )
-        self.stop_ids.discard(None)
-        self.stop_ids.add(tokenizer.eos_token_id)
+    section = HfRollout
+    label = "hf"
 
-    def load_weights(self, named_tensors) -> None:  # the engine IS the policy
-        return None
+    def __init__(self, model_dir, tokenizer, cfg: HfRollout, policy=None):
+        super().__init__(model_dir, tokenizer, cfg, policy)
+        self.max_batch = self.cfg.max_batch  # sequences per generate call
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
@@ -34,7 +27,7 @@ class HFEngine:
         was_training = self.policy.training
         self.policy.eval()
         chunks = range(0, len(prompts), per_call)
-        for start in tqdm(chunks, desc="generate", leave=False, disable=not progress):
+        for start in bar(chunks, desc="generate", leave=False, disable=not progress):
             ids, lps, rs = self._generate_chunk(prompts[start : start + per_call], n, sampling)
             out_ids += ids
             out_lp += lps
@@ -69,7 +62,7 @@ class HFEngine:
         )
         if s.seed is not None:
             torch.manual_seed(s.seed)
-        inner = self.policy.get_base_model() if hasattr(self.policy, "get_base_model") else self.policy
+        inner = unwrap(self.policy)
         saved, inner.generation_config = inner.generation_config, GenerationConfig()  # generate() would merge its values in
         try:
             gen = self.policy.generate(

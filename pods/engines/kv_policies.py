@@ -1,9 +1,9 @@
 """KV-cache eviction policies for compressed-cache rollouts (Sparse-RL's sparse sampler), by name.
 
 A policy picks which cached positions of one layer survive a compression:
-``fn(keys [B, H_kv, L, D], queries [B, H_q, w, D] | None, keep: int, c: dict) -> idx [B, keep]`` (sorted
+``fn(keys [B, H_kv, L, D], queries [B, H_q, w, D] | None, keep: int, c: SparseHfRollout) -> idx [B, keep]`` (sorted
 indices into the L cached entries; the same set for every head of the layer, as in the authors' SGLang
-code). ``queries`` are the post-RoPE queries of the last ``c["window"]`` decoded tokens (only for policies
+code). ``queries`` are the post-RoPE queries of the last ``c.window`` decoded tokens (only for policies
 with ``needs_queries``). Values of the constants: docs/sparse-rl.md.
 """
 
@@ -13,15 +13,16 @@ import torch
 import torch.nn.functional as F
 
 from pods.registry import Registry
+from pods.schema import SparseHfRollout
 
 KV_POLICIES = Registry("KV compression method")
 
 
 @KV_POLICIES.register("sink_window")
-def sink_window(keys, queries, keep: int, c: dict) -> torch.Tensor:
+def sink_window(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """StreamingLLM: the first ``sink`` positions plus the most recent ``keep - sink``."""
     B, L = keys.shape[0], keys.shape[2]
-    sink = int(c["sink"])
+    sink = int(c.sink)
     idx = torch.cat([torch.arange(sink), torch.arange(L - (keep - sink), L)])
     return idx.unsqueeze(0).expand(B, -1).to(keys.device)
 
@@ -48,9 +49,9 @@ def _select(score: torch.Tensor, L: int, keep: int, w: int) -> torch.Tensor:
 
 
 @KV_POLICIES.register("snapkv")
-def snapkv(keys, queries, keep: int, c: dict) -> torch.Tensor:
+def snapkv(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """SnapKV: window attention, max-pooled over ``kernel`` neighbours, summed over heads; keep the top positions."""
-    w, kernel = int(c["window"]), int(c["kernel"])
+    w, kernel = int(c.window), int(c.kernel)
     attn = F.max_pool1d(_window_attention(keys, queries, w), kernel_size=kernel, padding=kernel // 2, stride=1)
     return _select(attn.sum(dim=1), keys.shape[2], keep, w)
 
@@ -72,11 +73,11 @@ def _redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 @KV_POLICIES.register("rkv")
-def rkv(keys, queries, keep: int, c: dict) -> torch.Tensor:
+def rkv(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """R-KV: alpha * pooled window attention - (1 - alpha) * key redundancy, summed over heads."""
-    w, kernel, alpha = int(c["window"]), int(c["kernel"]), float(c["mix_alpha"])
+    w, kernel, alpha = int(c.window), int(c.kernel), float(c.mix_alpha)
     attn = F.max_pool1d(_window_attention(keys, queries, w), kernel_size=kernel, padding=kernel // 2, stride=1)
-    red = _redundancy(keys, float(c["sim_threshold"]))[..., : keys.shape[2] - w]
+    red = _redundancy(keys, float(c.sim_threshold))[..., : keys.shape[2] - w]
     return _select((alpha * attn - (1 - alpha) * red).sum(dim=1), keys.shape[2], keep, w)
 
 

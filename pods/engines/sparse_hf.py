@@ -16,23 +16,23 @@ Returned log-probs are the SAMPLER's: log softmax(logits / T) of the compressed-
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
 
-from pods.engines.base import Rollouts, Sampling
+from pods.engines.base import PolicyEngine, Rollouts, Sampling
 from pods.engines.kv_policies import KV_POLICIES
-from pods.schema import SparseHfRollout, defaults
+from pods.errors import ConfigError
+from pods.models import unwrap
+from pods.progress import bar
+from pods.schema import SparseHfRollout
 
-DEFAULTS = {k: v for k, v in defaults(SparseHfRollout).items() if k != "name"}  # the schema's
 
-
-def check(cfg: dict) -> dict:
-    """The engine's settings over the defaults; a bad value raises ValueError naming the key."""
-    c = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
-    KV_POLICIES.get(c["method"])
-    floor = c["sink"] if c["method"] == "sink_window" else c["window"]
-    if not c["interval"] >= 1 or c["budget"] - c["interval"] <= floor:
+def check_settings(cfg: SparseHfRollout | dict) -> SparseHfRollout:
+    """The engine's settings (a plain dict: over the schema's defaults); a bad value raises ValueError naming the key."""
+    c = SparseHfRollout.of(cfg)
+    KV_POLICIES.get(c.method)
+    floor = c.sink if c.method == "sink_window" else c.window
+    if not c.interval >= 1 or c.budget - c.interval <= floor:
         raise ValueError(
-            f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c['budget']} - {c['interval']}"
+            f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c.budget} - {c.interval}"
         )
     return c
 
@@ -57,25 +57,32 @@ def _sample(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.Tens
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
-class SparseHFEngine:
-    needs_sync = False
+class SparseHFEngine(PolicyEngine):
+    """``rollout=sparse_hf``: the compressed-KV decode loop over ``rollout.max_batch`` equal-length prompts at a time."""
 
-    def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):
-        if policy is None:
-            raise ValueError("the sparse_hf engine generates with the training model: pass policy=")
-        self.policy, self.tok, self.c = policy, tokenizer, check(cfg)
-        self.method = KV_POLICIES.get(self.c["method"])
-        self.max_batch = self.c["max_batch"]
-        eos = policy.generation_config.eos_token_id
-        self.stop_ids = {i for i in (eos if isinstance(eos, list) else [eos]) if i is not None} | {tokenizer.eos_token_id}
+    section = SparseHfRollout
+    label = "sparse_hf"
+
+    def __init__(self, model_dir, tokenizer, cfg: SparseHfRollout, policy=None):
+        super().__init__(model_dir, tokenizer, check_settings(cfg), policy)
+        self.method = KV_POLICIES.get(self.cfg.method)
+        self.max_batch = self.cfg.max_batch
         self.record = False  # tests set it: keep every step's kept positions
         self.kept_log: list = []
 
-    def load_weights(self, named_tensors) -> None:  # the engine IS the policy
-        return None
+    @classmethod
+    def check(cls, cfg) -> None:
+        """The compression settings (``cfg``: the typed root): a known method, a budget above the always-kept positions."""
+        try:
+            check_settings(cfg.rollout)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("unknown KV compression method", "rollout.method: unknown KV compression method")) from None
 
-    def _hf(self):
-        return self.policy.get_base_model() if hasattr(self.policy, "get_base_model") else self.policy
+    @classmethod
+    def kv_cache(cls, cfg):
+        """At most ``max_batch`` sequences per batch, each holding at most max(budget, prompt) tokens."""
+        ro = cfg.rollout
+        return lambda seqs, prompt, completion: (min(ro.max_batch, seqs), max(ro.budget, prompt))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
@@ -94,12 +101,12 @@ class SparseHFEngine:
         was_training = self.policy.training
         self.policy.eval()
         self.kept_log = []
-        for b in tqdm(batches, desc="generate (sparse kv)", leave=False, disable=not progress):
+        for b in bar(batches, desc="generate (sparse kv)", leave=False, disable=not progress):
             for j, res in zip(b, self._generate_rows([prompts[rows[j]] for j in b], sampling)):
                 out[j] = res
         self.policy.train(was_training)
         ids, lps, reasons, dense, sparse = (list(x) for x in zip(*out))
-        hf = self._hf().config
+        hf = unwrap(self.policy).config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         per_token = 2 * hf.num_hidden_layers * kv_heads * head_dim * next(self.policy.parameters()).element_size()
@@ -112,7 +119,7 @@ class SparseHFEngine:
         """Hooks that keep each layer's last ``window`` post-RoPE queries in ``queries[layer]``."""
         from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-        w, handles = self.c["window"], []
+        w, handles = self.cfg.window, []
         for li, layer in enumerate(model.model.layers):
             attn = layer.self_attn
 
@@ -127,9 +134,9 @@ class SparseHFEngine:
         return handles
 
     def _compress(self, cache, kept: list, queries: list) -> None:
-        keep = self.c["budget"] - self.c["interval"]
+        keep = self.cfg.budget - self.cfg.interval
         for li, layer in enumerate(cache.layers):
-            idx = self.method(layer.keys, queries[li], keep, self.c)  # [B, keep]
+            idx = self.method(layer.keys, queries[li], keep, self.cfg)  # [B, keep]
             gi = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
             layer.keys, layer.values = layer.keys.gather(2, gi), layer.values.gather(2, gi)
             kept[li] = kept[li].gather(1, idx)
@@ -137,7 +144,7 @@ class SparseHFEngine:
     def _generate_rows(self, prompts: list[list[int]], s: Sampling) -> list[tuple]:
         from transformers import DynamicCache
 
-        model = self._hf()
+        model = unwrap(self.policy)
         device = next(self.policy.parameters()).device
         B, P = len(prompts), len(prompts[0])
         ids = torch.tensor(prompts, device=device)
@@ -156,7 +163,7 @@ class SparseHFEngine:
                 done |= torch.isin(tok, torch.tensor(sorted(self.stop_ids), device=device))
                 if bool(done.all()) or t == s.max_tokens - 1:
                     break
-                if cache.get_seq_length() + 1 > self.c["budget"]:
+                if cache.get_seq_length() + 1 > self.cfg.budget:
                     self._compress(cache, kept, queries)
                 pos = torch.full((B, 1), P + t, device=device)
                 kept = [torch.cat([k, pos], dim=1) for k in kept]

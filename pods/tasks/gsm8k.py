@@ -22,9 +22,9 @@ def _gold(record: dict, where: str) -> str:
 
 @DATASETS.register("gsm8k")
 @DATASETS.register("gsm8k_open_r1")  # the same data; conf/dataset/gsm8k_open_r1.yaml changes prompt and reward
-def build_gsm8k(cfg: dict) -> TaskData:
+def build_gsm8k(ds) -> TaskData:
     splits, sources = {}, {}
     for split in ("train", "test"):
-        records, sources[split] = load_split(cfg, split)
-        splits[split] = build_split(records, cfg, split, ("question",), _gold)
+        records, sources[split] = load_split(ds, split)
+        splits[split] = build_split(records, ds, split, ("question",), _gold)
     return TaskData(train=splits["train"], test=splits["test"], meta={"source": sources})

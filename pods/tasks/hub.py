@@ -1,6 +1,6 @@
 """Loading dataset records: local json/jsonl/parquet/csv files, or a Hugging Face hub id.
 
-``load_split(cfg, "train")`` reads ``cfg["train_files"]`` when set, else ``cfg["train_hub"]``
+``load_split(ds, "train")`` reads ``ds.train_files`` when set, else ``ds.train_hub``
 (``{id, configs, split}``). ``datasets`` is imported here, inside the functions, so importing
 pods.tasks stays cheap. Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or the hub unreachable), a hub
 id fails at once with a message saying which keys take local files.
@@ -19,15 +19,16 @@ _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "c
 _TRUE = {"1", "true", "yes", "on"}
 
 
-def load_split(cfg: dict, split: str) -> tuple[list[dict], str]:
-    """(records, where they came from) for split "train" or "test"; ([], "none") if neither is set."""
-    files = cfg[f"{split}_files"]
+def load_split(ds, split: str) -> tuple[list[dict], str]:
+    """(records, where they came from) for split "train" or "test" of the dataset section ``ds``; ([], "none") if
+    neither is set."""
+    files = ds.get(f"{split}_files")
     if files:
         return load_files(files, key=f"dataset.{split}_files"), f"files:{files}"
-    hub = cfg[f"{split}_hub"]
+    hub = ds.get(f"{split}_hub")
     if not hub:
         return [], "none"
-    return load_hub(hub, split, name=cfg["name"]), f"hub:{hub['id']}"
+    return load_hub(hub, split, name=ds.get("name")), f"hub:{hub['id']}"
 
 
 def load_files(files, key: str) -> list[dict]:
@@ -78,7 +79,7 @@ def load_hub(hub: dict, split: str, name: str) -> list[dict]:
     records = []
     for config in configs:
         try:
-            ds = datasets.load_dataset(hub_id, config, split=hub["split"])
+            ds = datasets.load_dataset(hub_id, config, split=hub["split"], data_dir=hub.get("data_dir"))
         except Exception as e:  # noqa: BLE001 - offline cache misses, network errors, unknown ids
             reason = f"{type(e).__name__}: {e}" + (" (offline mode, not in the local cache)" if offline else "")
             raise ValueError(_offline_help(name, hub_id, split, reason)) from e
@@ -94,12 +95,12 @@ def field(record: dict, names: tuple[str, ...], where: str):
     raise ValueError(f"{where}: none of the fields {list(names)} in record with keys {sorted(record)}")
 
 
-def build_split(records: list[dict], cfg: dict, split: str, question_fields: tuple[str, ...], gold_fn) -> list[Example]:
+def build_split(records: list[dict], ds, split: str, question_fields: tuple[str, ...], gold_fn) -> list[Example]:
     """Records -> Examples with the configured prompt format; ``{split}_size`` keeps the first N."""
     from pods.tasks.prompts import PROMPTS
 
-    prompt = PROMPTS.get(cfg["prompt_format"])
-    limit, name = cfg[f"{split}_size"], cfg["name"]
+    prompt = PROMPTS.get(ds.get("prompt_format"))
+    limit, name = ds.get(f"{split}_size"), ds.get("name")
     out = []
     for i, rec in enumerate(records[: int(limit)] if limit else records):
         where = f"dataset '{name}' {split} record {i}"

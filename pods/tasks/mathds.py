@@ -28,9 +28,9 @@ def math_gold(record: dict, where: str = "record") -> str:
 @DATASETS.register("math")
 @DATASETS.register("math500")
 @DATASETS.register("amc23")
-def build_math(cfg: dict) -> TaskData:
+def build_math(ds) -> TaskData:
     splits, sources = {}, {}
     for split in ("train", "test"):
-        records, sources[split] = load_split(cfg, split)
-        splits[split] = build_split(records, cfg, split, ("problem", "question"), math_gold)
+        records, sources[split] = load_split(ds, split)
+        splits[split] = build_split(records, ds, split, ("problem", "question"), math_gold)
     return TaskData(train=splits["train"], test=splits["test"], meta={"source": sources})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 
+from pods.schema import ToyDataset
 from pods.tasks.base import DATASETS, GRADERS, RECIPES, Example, Score, TaskData
 
 QUESTION = "What is {a} + {b}? Answer in format: 'Answer: {{result}}'"
@@ -22,15 +23,16 @@ def toy_example(a: int, b: int) -> Example:
 
 
 @DATASETS.register("toy_arith")
-def toy_arith(cfg: dict) -> TaskData:
-    lo, hi = int(cfg["low"]), int(cfg["high"])
-    n_train, n_test = int(cfg["train_size"]), int(cfg["test_size"])
+def toy_arith(ds: ToyDataset) -> TaskData:
+    ds = ToyDataset.of(ds)
+    lo, hi = ds.low, ds.high
+    n_train, n_test = ds.train_size, ds.test_size
     pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
     if n_train + n_test > len(pairs):
         raise ValueError(
             f"dataset.train_size + dataset.test_size = {n_train + n_test} exceeds the {len(pairs)} distinct pairs in [{lo}, {hi}]"
         )
-    random.Random(int(cfg["seed"])).shuffle(pairs)
+    random.Random(ds.seed).shuffle(pairs)
     test, train = pairs[:n_test], pairs[n_test : n_test + n_train]
     return TaskData(train=[toy_example(a, b) for a, b in train], test=[toy_example(a, b) for a, b in test], meta={"range": [lo, hi]})
 

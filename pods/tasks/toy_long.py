@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 
+from pods.schema import ToyLongDataset
 from pods.tasks.base import DATASETS, RECIPES, Example, Score, TaskData
 
 QUESTION = "Add step by step: {terms}."
@@ -27,11 +28,12 @@ def solution(terms: list[int]) -> str:
 
 
 @DATASETS.register("toy_long")
-def toy_long(cfg: dict) -> TaskData:
-    lo, hi = cfg["low"], cfg["high"]
-    kmin, kmax = cfg["min_terms"], cfg["max_terms"]
-    n_train, n_test = cfg["train_size"], cfg["test_size"]
-    rng, seen, items = random.Random(cfg["seed"]), set(), []
+def toy_long(ds: ToyLongDataset) -> TaskData:
+    ds = ToyLongDataset.of(ds)
+    lo, hi = ds.low, ds.high
+    kmin, kmax = ds.min_terms, ds.max_terms
+    n_train, n_test = ds.train_size, ds.test_size
+    rng, seen, items = random.Random(ds.seed), set(), []
     while len(items) < n_train + n_test:
         terms = tuple(rng.randint(lo, hi) for _ in range(rng.randint(kmin, kmax)))
         if terms not in seen:

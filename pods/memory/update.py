@@ -9,11 +9,12 @@ of its backward pass, or the optimizer step's temporaries, whichever peak is hig
 from __future__ import annotations
 
 from pods.architectures import head_dim, parameter_count
+from pods.memory.lines import DTYPE_BYTES, seq_tokens
+from pods.step import largest_micro_batch
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # bitsandbytes NF4, double quantisation: codes + an 8-bit scale per 64 + fp32 per 256 blocks
 ADAM8_BYTES = 2 + 2 * 4 / 256  # bitsandbytes 8-bit AdamW: two uint8 states + fp32 scales per block of 256
 LOSS_FP32_COPIES = 5  # [rows, V] fp32 tensors at the chunked loss's backward peak (measured on CPU: 5.0 in fp32 and bf16)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5}
 
 
@@ -25,16 +26,17 @@ def linear_shapes(arch: dict) -> dict[str, tuple[int, int]]:
     return dict(zip(names, [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]))
 
 
-def lora_targets(hw: dict) -> set[str]:
+def lora_targets(hw) -> set[str]:
+    """The decoder linears ``hw.lora.target_modules`` adapts (``hw``: the hardware section)."""
     t, names = (
-        hw["lora"]["target_modules"],
+        hw.lora.target_modules,
         set(linear_shapes({"hidden_size": 1, "intermediate_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1})),
     )
     return names if t == "all-linear" else {t} & names if isinstance(t, str) else set(t) & names
 
 
-def lora_params(arch: dict, hw: dict) -> int:
-    r, targets = hw["lora"]["r"], lora_targets(hw)
+def lora_params(arch: dict, hw) -> int:
+    r, targets = hw.lora.r, lora_targets(hw)
     return arch["num_hidden_layers"] * sum(r * (a + b) for name, (a, b) in linear_shapes(arch).items() if name in targets)
 
 
@@ -66,34 +68,15 @@ def layer_saved_bytes(arch: dict, a: int, full: bool, lora: tuple[set, int] | No
     return b
 
 
-def micro_batch(cfg: dict) -> int:
-    """Sequences per forward/backward: ``hardware.micro_batch_size``, at most the rows a rank trains per step
-    (prompts_per_step x the rows kept per prompt: m, or D3S's larger of m and m_final)."""
-    a, t = cfg["algorithm"], cfg["train"]
-    kept = a["m"] if a["grad_accum"] else max(a["m"], a["m_final"] or 0)
-    return max(1, min(int(cfg["hardware"]["micro_batch_size"]), t["prompts_per_step"] * kept))
-
-
-def seq_tokens(cfg: dict) -> tuple[int, int]:
-    """(prompt, completion) tokens of the longest sequence: dataset.max_prompt_length (else rollout.max_model_len
-    minus the completion, else 512: assumed) and sampling.max_tokens."""
-    c = int(cfg["sampling"]["max_tokens"])
-    p = cfg["dataset"]["max_prompt_length"]
-    if p is None:
-        mml = cfg["rollout"].get("max_model_len")
-        p = int(mml) - c if mml else 512
-    return int(p), c
-
-
-def state_lines(cfg: dict, arch: dict) -> list[tuple[str, float, str]]:
-    """(name, bytes per GPU, how) of what the trainer holds across micro-batches: weights, the KL reference,
-    gradients, optimizer state and ZeRO's buffers."""
-    hw, opt = cfg["hardware"], cfg["optim"]["name"]
-    w, P, L, H = DTYPE_BYTES[hw["dtype"]], parameter_count(arch), arch["num_hidden_layers"], arch["hidden_size"]
-    lora, quant = hw["finetune"] == "lora", cfg["model"]["quantization"] == "4bit"
-    ds = hw["backend"] == "deepspeed"
-    n, stage = (int(hw["nproc_per_node"]), hw["deepspeed"]["stage"]) if ds else (1, 0)
-    zc = {**ZERO_DEFAULTS, **hw["deepspeed"]["config"].get("zero_optimization", {})}
+def state_lines(cfg, arch: dict) -> list[tuple[str, float, str]]:
+    """(name, bytes per GPU, how) of what the trainer holds across micro-batches (``cfg``: the typed root): weights,
+    the KL reference, gradients, optimizer state and ZeRO's buffers."""
+    hw, opt = cfg.hardware, cfg.optim.name
+    w, P, L, H = DTYPE_BYTES[hw.dtype], parameter_count(arch), arch["num_hidden_layers"], arch["hidden_size"]
+    lora, quant = hw.finetune == "lora", cfg.model.quantization == "4bit"
+    ds = hw.backend == "deepspeed"
+    n, stage = (int(hw.nproc_per_node), hw.deepspeed.stage) if ds else (1, 0)
+    zc = {**ZERO_DEFAULTS, **hw.deepspeed.config.get("zero_optimization", {})}
     out = []
     if quant:  # peft's prepare_model_for_kbit_training casts every non-quantised parameter to fp32
         linear = L * sum(x * y for x, y in linear_shapes(arch).values())
@@ -103,29 +86,27 @@ def state_lines(cfg: dict, arch: dict) -> list[tuple[str, float, str]]:
         weights, how = (P - whole) * w / n + whole * w, f"{P / 1e9:.2f}B params x {w} B / {n} ranks (ZeRO-3)"
     else:
         weights, how = P * w, f"{P / 1e9:.2f}B params x {w} B"
-    if stage == 3 and hw["deepspeed"]["offload_param"]:
+    if stage == 3 and hw.deepspeed.offload_param:
         weights, how = 0.0, "offloaded (offload_param)"
     trainable, tbytes = (lora_params(arch, hw), 4) if lora else (P, w)
     if lora:
         weights += trainable * 4
         how += f" + LoRA {trainable / 1e6:.0f}M x 4 B"
     out.append(("weights", weights, how))
-    if cfg["algorithm"]["beta"] > 0 and not lora:  # LoRA's reference is the base with the adapter off
+    if cfg.algorithm.beta > 0 and not lora:  # LoRA's reference is the base with the adapter off
         out.append(
             ("reference model (KL)", P * w / (n if stage == 3 else 1), "frozen copy" + (" (ZeRO-3 partition)" if stage == 3 else ""))
         )
     out.append(("gradients", trainable * tbytes / n, f"{trainable / 1e6:.0f}M x {tbytes} B" + (f" / {n} ranks" if ds else "")))
     if ds:
-        optim, how = (
-            (0.0, "offloaded") if hw["deepspeed"]["offload_optimizer"] else (12 * P / n, f"fp32 master + m + v: 12 B/param / {n} ranks")
-        )
+        optim, how = (0.0, "offloaded") if hw.deepspeed.offload_optimizer else (12 * P / n, f"fp32 master + m + v: 12 B/param / {n} ranks")
     elif opt == "adamw_8bit":
         optim, how = trainable * ADAM8_BYTES, f"bitsandbytes 8-bit m, v: {ADAM8_BYTES:.2f} B/param"
     else:
         optim, how = 2 * trainable * tbytes, f"torch AdamW m, v: {2 * tbytes} B/param"
     out.append(("optimizer state", optim, how))
     if stage == 2:
-        out.append(("ZeRO buffers", (2 if hw["deepspeed"]["overlap_comm"] else 1) * zc["reduce_bucket_size"] * w, "reduce buckets"))
+        out.append(("ZeRO buffers", (2 if hw.deepspeed.overlap_comm else 1) * zc["reduce_bucket_size"] * w, "reduce buckets"))
     elif stage == 3:
         layer = sum(x * y for x, y in linear_shapes(arch).values())
         block = max(arch["vocab_size"] * H, layer)  # the largest module gathered at once: embedding/head or one layer
@@ -134,27 +115,28 @@ def state_lines(cfg: dict, arch: dict) -> list[tuple[str, float, str]]:
     return out
 
 
-def activation_lines(cfg: dict, arch: dict) -> list[tuple[str, float, str, str]]:
-    """(name, bytes, how, kind) of one micro-batch: the activations autograd keeps ("sum") and the transients of
-    the backward pass, of which only the largest is alive at once ("max")."""
-    hw = cfg["hardware"]
+def activation_lines(cfg, arch: dict) -> list[tuple[str, float, str, str]]:
+    """(name, bytes, how, kind) of the run's largest micro-batch (``pods.step``'s plan): the activations autograd keeps
+    ("sum") and the transients of the backward pass, of which only the largest is alive at once ("max")."""
+    hw = cfg.hardware
     L, H, F, V = arch["num_hidden_layers"], arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
-    quant, lora = cfg["model"]["quantization"] == "4bit", hw["finetune"] == "lora"
-    a = 4 if quant else DTYPE_BYTES[hw["dtype"]]  # the k-bit prep's fp32 embeddings and norms make the residual stream fp32
-    mb, (p_len, c_len) = micro_batch(cfg), seq_tokens(cfg)
+    quant, lora = cfg.model.quantization == "4bit", hw.finetune == "lora"
+    a = 4 if quant else DTYPE_BYTES[hw.dtype]  # the k-bit prep's fp32 embeddings and norms make the residual stream fp32
+    mb = largest_micro_batch(cfg.algorithm, cfg.train.prompts_per_step, hw.micro_batch_size)
+    p_len, c_len = seq_tokens(cfg)
     T = p_len + c_len
     tok = mb * T
-    per_layer = layer_saved_bytes(arch, a, full=not lora, lora=(lora_targets(hw), hw["lora"]["r"]) if lora else None)
+    per_layer = layer_saved_bytes(arch, a, full=not lora, lora=(lora_targets(hw), hw.lora.r) if lora else None)
     mask = mb * T * T * a  # SDPA's float copy of the boolean padding mask, made (and kept for backward) per layer
     outside = tok * (4 * H + 2 * a * H * (not lora)) + mb * c_len * a * H  # final norm; the loss rows' hidden states, copied
     grads = tok * a * (2 * F + 2 * H)  # a layer's backward: gradients of its MLP and residual stream
-    if hw["gradient_checkpointing"]:
+    if hw.gradient_checkpointing:
         saved, how = L * tok * a * H, f"checkpointed: {L} layer inputs x {tok} tokens x {a} B x {H}"
         work, whow = tok * per_layer + mask + grads, "one layer recomputed, its mask and gradients"
     else:
         saved, how = L * (tok * per_layer + mask), f"{L} layers x {tok} tokens x {per_layer / 1e3:.1f} kB + a {T}x{T} mask each"
         work, whow = grads, "a layer's gradients"
-    chunk = hw["logprob_chunk_tokens"]
+    chunk = hw.logprob_chunk_tokens
     rows = min(int(chunk), mb * c_len) if chunk else mb * c_len
     out = [
         ("activations (saved)", saved + outside, how + "; final norm, loss rows", "sum"),
@@ -166,17 +148,17 @@ def activation_lines(cfg: dict, arch: dict) -> list[tuple[str, float, str, str]]
             "max",
         ),
     ]
-    if cfg["algorithm"]["beta"] > 0:  # the reference's no-grad forward runs while the policy's activations are kept
+    if cfg.algorithm.beta > 0:  # the reference's no-grad forward runs while the policy's activations are kept
         out.append(("reference forward (KL)", tok * a * (3 * F + 4 * H), "no grad: one layer's intermediates", "max"))
     return out
 
 
-def step_temporaries(cfg: dict, arch: dict) -> float:
+def step_temporaries(cfg, arch: dict) -> float:
     """Bytes the optimizer step adds on top of weights, gradients and state (activations are freed by then):
     DeepSpeed's fp32 gradient partition and AdamW's update temporaries; torch AdamW's foreach copies."""
-    hw, P = cfg["hardware"], parameter_count(arch)
-    if hw["backend"] == "deepspeed":
-        return 0.0 if hw["deepspeed"]["offload_optimizer"] else 8 * P / int(hw["nproc_per_node"])
-    if cfg["optim"]["name"] != "adamw":
+    hw, P = cfg.hardware, parameter_count(arch)
+    if hw.backend == "deepspeed":
+        return 0.0 if hw.deepspeed.offload_optimizer else 8 * P / int(hw.nproc_per_node)
+    if cfg.optim.name != "adamw":
         return 0.0
-    return lora_params(arch, hw) * 4 if hw["finetune"] == "lora" else P * DTYPE_BYTES[hw["dtype"]]
+    return lora_params(arch, hw) * 4 if hw.finetune == "lora" else P * DTYPE_BYTES[hw.dtype]

@@ -1,22 +1,17 @@
-"""The typed schema of the configuration: every key of every section, its type, its range and its one default.
+"""The sections of the configuration: every key, its type, its range, its one default, and the rules between
+keys of one section (validators). ``pods.schema.check`` builds the typed ``Root`` from a composed plain dict.
 
-``check(cfg)`` validates a composed config (a plain dict) right after Hydra composes it and returns it complete:
-every key present, typed (ints where ints belong, floats where floats do), defaults filled in from here, so the
-code reads ``cfg["train"]["keep_checkpoints"]`` and never carries a default of its own. Any problem raises
-``ConfigError`` with ONE line that names the key and the valid values; an unknown key names the closest valid one.
-Cross-field rules (m <= n, divisibility, names in registries) stay in ``pods.config.validate``.
-
-A group whose options differ in shape picks its model by ``name`` (``SHAPES``): ``rollout=hf`` has no vLLM keys.
+Sections also answer dict-style reads (``sec["key"]``, ``sec.get("key")``, ``"key" in sec``) so that code written
+against the plain dicts of earlier versions keeps working; the package itself reads attributes.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pods.config import ConfigError
+from pods.errors import ConfigError
 
 Pos = Annotated[int, Field(ge=1)]
 PosF = Annotated[float, Field(gt=0)]
@@ -27,6 +22,56 @@ Files = str | list[str] | None
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in type(self).model_fields or key not in self.__dict__:
+            raise KeyError(key)
+        return self.__dict__[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in type(self).model_fields and key in self.__dict__
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.__dict__[key] if key in self else default
+
+    def keys(self) -> list[str]:
+        return [k for k in type(self).model_fields if k in self.__dict__]
+
+    @classmethod
+    def of(cls, node: Any) -> Section:
+        """``node`` as this section: an instance as it is; a mapping over the defaults (validated where it is whole,
+        else taken as given, as ``complete`` does): the adapter for callers that pass plain dicts."""
+        if isinstance(node, cls):
+            return node
+        node = dict(node or {})
+        try:
+            return cls.model_validate(node, strict=False)
+        except ValidationError:
+            return construct(cls, node)
+
+
+def construct(model: type[Section], node: dict) -> Section:
+    """An unvalidated ``model`` of its defaults overlaid with ``node``; nested sections built the same way."""
+    values = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
+    for k, v in node.items():
+        sub = _section_type(model.model_fields[k].annotation) if k in model.model_fields else None
+        values[k] = construct(sub, v) if sub is not None and isinstance(v, dict) else v
+    return model.model_construct(**values)
+
+
+def _section_type(annotation) -> type[Section] | None:
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    return args[0] if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], Section) else None
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
 
 
 class Sampling(Section):
@@ -51,6 +96,12 @@ class Train(Section):
     keep_checkpoints: Pos | None = None  # keep the newest k; null = all
     resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
     save_final: bool = False
+
+    @model_validator(mode="after")
+    def _horizon(self) -> Train:
+        _need(self.prompts_per_step % self.group_repeats == 0, "train.group_repeats must divide train.prompts_per_step")
+        _need(self.max_steps or self.time_budget_s, "set train.max_steps or train.time_budget_s (or both)")
+        return self
 
 
 class Optim(Section):
@@ -91,6 +142,7 @@ class Hub(Section):
     id: str
     configs: list[str] | None = None
     split: str
+    data_dir: str | None = None  # a folder of the hub repository holding the split's files (SimpleRL-Zoo-Data: one per data set)
 
 
 class HubDataset(Section):
@@ -213,7 +265,8 @@ class Hardware(Section):
 
 
 class SparseRl(Section):
-    """Sparse-RL's correction (pods.sparse_rl; the authors' released values)."""
+    """Sparse-RL's correction (pods.sparse_rl): the released thresholds; the normaliser's defaults are pods' (the
+    release's: ``weight_norm: all``, ``norm_scope: micro_batch``; docs/sparse-rl.md)."""
 
     veto: PosF = 1.0e-4  # a sequence with any UNCLAMPED ratio pi_old / pi_sparse below this is dropped
     band_low: NonNegF = 0.5  # tokens whose ratio is outside [band_low, band_high] are masked
@@ -221,6 +274,12 @@ class SparseRl(Section):
     cap: PosF = 1.5  # weights min(r, cap)
     log_ratio_clamp: PosF = 20.0
     weight_norm: Literal["valid", "all", "none"] = "valid"  # the weights average 1 over: the kept tokens | all | no normalisation
+    norm_scope: Literal["step", "micro_batch"] = "step"  # that mean over the step on all ranks | per micro-batch and rank (released)
+
+    @model_validator(mode="after")
+    def _band(self) -> SparseRl:
+        _need(self.band_low < self.band_high, f"algorithm.sparse_rl.band_low < band_high required, got [{self.band_low}, {self.band_high}]")
+        return self
 
 
 class Algorithm(Section):
@@ -237,14 +296,43 @@ class Algorithm(Section):
     epsilon: PosF = 0.2
     epsilon_high: PosF | None = None  # null = epsilon (symmetric clip)
     beta: NonNegF = 0.0  # k3 KL to the reference policy (LoRA: adapter disabled)
-    ppo_epochs: Pos = 1  # optimizer steps per generation
+    ppo_epochs: Pos = 1  # passes over the step's kept rollouts
+    mini_batch_size: Pos | None = None  # rollouts per optimizer step (per rank); null = all kept rollouts: one step per pass
+    kl_clamp: PosF | None = None  # the k3 KL estimate clamped to [-kl_clamp, kl_clamp] (Sparse-RL's release: 10); null = none
+    kl_weighted: bool = True  # the KL term multiplied by the correction's token weights (false: Sparse-RL's release)
     token_rule: str = "all"  # pods.tokens.TOKEN_SELECTORS: which completion tokens enter the loss
     correction: str = "none"  # pods.tokens.CORRECTIONS: sampler-vs-policy correction (dense rollouts: none)
     m_final: Pos | None = None  # D3S: kept rollouts at progress 1
+    m_intra: Pos | None = None  # rule d3s_two_stage: rollouts per group its intra-group stage keeps first (null = n)
     token_keep: Frac | None = None  # D3S: fraction of tokens kept at progress 0
     token_keep_final: Frac | None = None
     ramp: str = "linear"  # pods.schedules.RAMPS: value = (1 - r(p)) init + r(p) final
     sparse_rl: SparseRl = SparseRl()  # read by correction=sparse_rl only
+
+    @model_validator(mode="after")
+    def _counts(self) -> Algorithm:
+        """m of n, GRPO-GA's micro-batches, rule ``all``, D3S's schedule of kept rollouts."""
+        n, m = self.n, self.m
+        _need(m <= n, f"algorithm.m ({m}) must be <= algorithm.n ({n}): m rollouts are kept out of n")
+        if self.grad_accum:
+            _need(self.rule == "all", f"algorithm.grad_accum trains all n rollouts: algorithm.rule must be 'all', got '{self.rule}'")
+            _need(n % m == 0, f"algorithm.grad_accum: algorithm.n ({n}) must be divisible by algorithm.m ({m}), the micro-batch")
+        elif self.rule == "all":
+            _need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
+        if self.m_final is not None:
+            _need(self.m_final <= n, f"algorithm.m_final must be an integer in [1, n={n}] (or null), got {self.m_final!r}")
+            _need(not self.grad_accum, "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
+            _need(self.rule != "all", "algorithm.m_final needs a down-sampling rule; rule 'all' keeps every rollout")
+        if self.mini_batch_size is not None and self.loss_agg == "bnpo":
+            _need(
+                self.mini_batch_size % m == 0 and self.m_final is None,
+                f"algorithm.loss_agg 'bnpo' normalises per prompt group: algorithm.mini_batch_size ({self.mini_batch_size}) must hold "
+                f"whole groups (a multiple of m={m}, with m_final null)",
+            )
+        if self.m_intra is not None:
+            top = max(m, self.m_final or m)
+            _need(top <= self.m_intra <= n, f"algorithm.m_intra must be in [max(m, m_final)={top}, n={n}] (or null), got {self.m_intra}")
+        return self
 
 
 class NoLogger(Section):
@@ -264,16 +352,22 @@ class Wandb(Section):
 
 class Root(Section):
     seed: int = 0
-    model: dict
-    dataset: dict
-    rollout: dict
+    model: Model
+    dataset: HubDataset | ToyLongDataset | ToyDataset
+    rollout: HfRollout | VllmRollout | SparseHfRollout
     hardware: Hardware
     algorithm: Algorithm
-    logger: dict = {"name": "none"}
+    logger: NoLogger | Wandb = NoLogger(name="none")
     sampling: Sampling = Sampling()
     train: Train = Train()
     optim: Optim = Optim()
     eval: Eval = Eval()
+
+    @model_validator(mode="after")
+    def _optimizer(self) -> Root:
+        if self.optim.name is None:  # the profile's optimizer unless the run names one
+            self.optim.name = self.hardware.optimizer
+        return self
 
 
 # group -> {option name: model}; "*" is every other name (a test's engine registered under its own name: all shapes tried)
@@ -283,85 +377,3 @@ SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
     "rollout": {"hf": HfRollout, "vllm": VllmRollout, "sparse_hf": SparseHfRollout, "*": (HfRollout, VllmRollout, SparseHfRollout)},
     "logger": {"none": NoLogger, "wandb": Wandb, "*": (NoLogger, Wandb)},
 }
-
-
-def check(cfg: dict) -> dict:
-    """``cfg`` validated and completed (a new plain dict), or ``ConfigError`` in one line naming the key."""
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"the config must be a mapping, got {type(cfg).__name__}")
-    out = _validate(Root, cfg, "")
-    for group, shapes in SHAPES.items():
-        node = out[group]
-        name = node.get("name") if isinstance(node, dict) else None
-        if not isinstance(name, str):
-            raise ConfigError(f"{group}.name is required (a string), got {name!r}")
-        models = shapes.get(name, shapes["*"])
-        out[group] = _first_fit(models if isinstance(models, tuple) else (models,), node, group)
-    if out["optim"]["name"] is None:  # the profile's optimizer unless the run names one
-        out["optim"]["name"] = out["hardware"]["optimizer"]
-    return out
-
-
-def _first_fit(models: tuple[type[Section], ...], node: dict, where: str) -> dict:
-    error = None
-    for model in models:
-        try:
-            return _validate(model, node, where)
-        except ConfigError as e:
-            error = error or e
-    raise error
-
-
-def _validate(model: type[Section], node: dict, where: str) -> dict:
-    try:
-        return model.model_validate(node).model_dump()
-    except ValidationError as e:
-        from pods.schema_errors import explain
-
-        raise ConfigError(explain(e, model, where)) from None
-
-
-def defaults(model: type[Section]) -> dict:
-    """The schema's default of every key of ``model`` that has one (required keys are left out)."""
-    out = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
-    return {k: v.model_dump() if isinstance(v, BaseModel) else copy.deepcopy(v) for k, v in out.items()}
-
-
-def complete(model: type[Section], node: dict | None = None, **values) -> dict:
-    """One section for a caller that builds its own (a test, a benchmark): the schema's defaults, then ``node``,
-    then ``values``; not validated (``check`` validates whole configs)."""
-    return {**defaults(model), **(node or {}), **values}
-
-
-def nodes() -> dict[str, dict]:
-    """The schema's defaults as Hydra config nodes: ``_schema`` (the top-level sections) and one ``<group>/_<shape>``
-    per shape of a group, which the group's YAML files name first in their ``defaults`` list."""
-    out = {
-        "_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}
-    }
-    shapes = {
-        "model": Model,
-        "dataset/_hub": HubDataset,
-        "dataset/_toy": ToyDataset,
-        "dataset/_toy_long": ToyLongDataset,
-        "rollout/_hf": HfRollout,
-        "rollout/_vllm": VllmRollout,
-        "rollout/_sparse_hf": SparseHfRollout,
-        "hardware": Hardware,
-        "algorithm": Algorithm,
-        "logger/_none": NoLogger,
-        "logger/_wandb": Wandb,
-    }
-    for where, model in shapes.items():
-        out[where if "/" in where else f"{where}/_base"] = defaults(model)
-    return out
-
-
-def register() -> None:
-    """Put ``nodes()`` into Hydra's ConfigStore (idempotent); call before composing ``conf/``."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    for where, node in nodes().items():
-        group, _, name = where.rpartition("/")
-        cs.store(group=group or None, name=name, node=node)

@@ -12,9 +12,11 @@ import csv
 import sys
 from pathlib import Path
 
-from pods.config import ConfigError
+from pods.compose import CONF, compose
+from pods.errors import ConfigError
 from pods.memory import Estimate, estimate, largest_fitting
-from pods.memory_update import micro_batch
+from pods.schema import Root
+from pods.step import largest_micro_batch
 
 COLUMNS = {  # CSV column -> the estimate's line(s) it sums (GB per GPU)
     "weights_gb": ("weights", "reference model (KL)"),
@@ -28,42 +30,28 @@ COLUMNS = {  # CSV column -> the estimate's line(s) it sums (GB per GPU)
 }
 
 
-def compose(overrides: list[str]) -> dict:
-    """The run's config as ``python -m pods.train <overrides>`` composes it, completed by ``pods.schema.check``."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from pods.schema import check
-    from pods.train import CONF, _compose, _job_dict
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="memory"):
-        return check(_job_dict(_compose(hydra_compose, overrides)))
+def rows_per_step(cfg: Root) -> int:
+    """The rows a rank trains per optimizer step (its largest micro-batch without a size limit): no micro-batch is larger."""
+    return largest_micro_batch(cfg.algorithm, cfg.train.prompts_per_step, 1 << 30)
 
 
-def rows_per_step(cfg: dict) -> int:
-    """The rows a rank trains per optimizer step: no micro-batch is larger."""
-    return micro_batch({**cfg, "hardware": {**cfg["hardware"], "micro_batch_size": 1 << 30}})
-
-
-def largest_micro_batch(cfg: dict, card: float) -> int | None:
+def largest_fitting_micro_batch(cfg: Root, card: float) -> int | None:
     """The largest hardware.micro_batch_size that fits, up to ``rows_per_step`` (beyond it nothing grows)."""
     return largest_fitting(cfg, card, "hardware", "micro_batch_size", rows_per_step(cfg))
 
 
-def row(name: str, cfg: dict, est: Estimate) -> dict:
+def row(name: str, cfg: Root, est: Estimate) -> dict:
     out = {"experiment": name, "model": est.model, "hardware": est.hardware, "engine": est.engine}
     out.update(micro_batch_size=est.micro_batch, tokens=est.tokens)
     out.update({col: round(est.gb(*names), 2) for col, names in COLUMNS.items()})
     out.update(update_gb=round(est.update_gb, 2), engine_gb=round(est.rollout_gb, 2), total_gb=round(est.total_gb, 2))
-    out.update(card_gb=est.card_gb, fits=est.fits, largest_fitting_micro_batch=largest_micro_batch(cfg, est.card_gb))
+    out.update(card_gb=est.card_gb, fits=est.fits, largest_fitting_micro_batch=largest_fitting_micro_batch(cfg, est.card_gb))
     out["rows_per_step"] = rows_per_step(cfg)
     out["problem"] = est.problems[0] if est.problems else ""
     return out
 
 
 def gpu_experiments() -> list[str]:
-    from pods.train import CONF
-
     return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
@@ -75,12 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
         if not args.all:
-            print(estimate(compose(overrides), args.card_gb).table())
+            print(estimate(compose(overrides, rules=False, job_name="memory"), args.card_gb).table())
             return
         rows = []
         for name in gpu_experiments():
-            cfg = compose([f"experiment={name}", *overrides])
-            if cfg["hardware"]["device"] != "cuda":
+            cfg = compose([f"experiment={name}", *overrides], rules=False, job_name="memory")
+            if cfg.hardware.device != "cuda":
                 continue
             est = estimate(cfg, args.card_gb)
             print(f"== experiment={name}\n{est.table()}\n")

@@ -6,7 +6,8 @@ import difflib
 
 from pydantic import ValidationError
 
-from pods.schema import SHAPES, Root, Section
+from pods.errors import ConfigError
+from pods.schema.sections import SHAPES, Root, Section
 
 
 def explain(e: ValidationError, model: type[Section], where: str = "") -> str:
@@ -15,6 +16,8 @@ def explain(e: ValidationError, model: type[Section], where: str = "") -> str:
     loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "lax-", "strict-"))]
     key = ".".join([where, *loc] if where else loc)
     got, kind = err.get("input"), err["type"]
+    if kind == "value_error" and isinstance(err.get("ctx", {}).get("error"), ConfigError):
+        return str(err["ctx"]["error"])  # a section's own rule: its message is already the one line
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     if kind == "extra_forbidden":
         owner = _model_at(model, loc[:-1])

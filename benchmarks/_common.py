@@ -1,0 +1,29 @@
+"""What the benchmark scripts share: the repository on ``sys.path`` (they run as scripts, installed or not) and
+the real config tree composed into the plain dict ``pods.loop.train`` takes (``pods.compose``). Importing this
+module loads neither torch nor a model, so a script can set its thread count first."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def compose(overrides: list[str] | None = None) -> dict:
+    """``python -m pods.train <overrides>``'s resolved config, unchecked (``pods.compose.compose_plain``)."""
+    from pods.compose import compose_plain
+
+    return compose_plain(overrides)
+
+
+def short_run(steps: int, max_tokens: int) -> list[str]:
+    """Overrides that make a config a seconds-long run: ``steps`` optimizer steps of 2 prompts, completions of
+    ``max_tokens``, 8 eval prompts x 1 sample at the end only, no checkpoint, no logger."""
+    return [
+        f"train.max_steps={steps}", "train.time_budget_s=null", "train.prompts_per_step=2", "train.checkpoint_every_s=null",
+        "train.checkpoint_at_end=false", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null", "eval.every_steps=null",
+        f"sampling.max_tokens={max_tokens}", f"eval.max_tokens={max_tokens}", "logger=none",
+    ]  # fmt: skip

@@ -1,0 +1,180 @@
+"""The one way pods starts training runs from Python (``pods.figures``, ``pods.demo``, ``make reproduce-figure-cpu``).
+
+A ``Job`` is one ``pods.train`` run: its Hydra overrides and its run directory. ``launch(jobs, launcher)``:
+
+- ``local``: runs them here, ``parallel`` at a time (torchrun when ``nproc`` > 1), and returns when all have
+  finished; a failed run stops the launch of the rest, the running ones finish, then ``SystemExit``;
+- ``slurm``: one GPU: a Hydra multirun through hydra-submitit-launcher (``hydra/launcher=<hydra_launcher>``),
+  all submitted at once, each watched by its own process (returned: pass them to ``wait``); several GPUs: one
+  ``slurm/run_8gpu.sbatch`` job each.
+
+Every run directory gets ``launch.json``: ``{"status": "launched" | "finished" | "failed", "launcher", "pid",
+"cmd"}``. ``reusable`` says whether a run may be taken instead of launched again: finished, or launched and still
+running (a local process alive, or any SLURM submission: its queue owns it). A failed run, or a local one whose
+process is gone, is launched again (with ``train.resume=auto`` it continues from its last checkpoint). Delete
+``launch.json`` to run a SLURM run again. ``run_key`` names a run by its resolved config, so that figures that
+contain the same run (Figs. 3, 4 and 5 all hold PODS 64->16 on GSM8K) share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pods.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOKKEEPING = ("hydra", "logger", "hardware.slurm", "train.resume")  # keys that never change a run's result
+
+
+@dataclass
+class Job:
+    """One ``pods.train`` run: ``overrides``, ``run_dir``, ranks (``nproc`` > 1: torchrun / the 8-GPU script),
+    a local run's log file (None: this terminal) and the name printed when it starts."""
+
+    overrides: list[str]
+    run_dir: Path
+    nproc: int = 1
+    log: Path | None = None
+    name: str = ""
+
+
+def machine_load() -> str:
+    """The 1/5/15-minute load averages and the core count, for every timing written."""
+    return f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores"
+
+
+# ---- run identity and state ----------------------------------------------------------------------------------
+def run_key(cfg: dict) -> str:
+    """12 hex digits of the SHA-256 of the resolved config (sorted JSON) without ``BOOKKEEPING``."""
+    cfg = json.loads(json.dumps(cfg, default=str))
+    for dotted in BOOKKEEPING:
+        *parents, last = dotted.split(".")
+        node = cfg
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def status(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "launch.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:  # kill(0 or -1, ...) would address a whole process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError, OSError):
+        return False
+    return True
+
+
+def reusable(run_dir: Path) -> bool:
+    """True when the run finished, or was launched and is still running (see the module docstring)."""
+    state = status(run_dir) or {}
+    if state.get("status") == "finished":
+        return True
+    if state.get("status") == "launched":
+        return state.get("launcher") == "slurm" or _alive(int(state.get("pid", 0)))
+    return False
+
+
+def mark(run_dir: Path, state: str, launcher: str, cmd: list[str]) -> None:
+    """Write ``launch.json`` (the launching process's pid: a local run runs inside it)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "launch.json").write_text(json.dumps({"status": state, "launcher": launcher, "pid": os.getpid(), "cmd": cmd}, indent=1))
+
+
+# ---- launchers -------------------------------------------------------------------------------------------------
+LAUNCHERS = Registry("launcher")
+TRAIN = [sys.executable, "-m", "pods.train"]
+
+
+def _started(job: Job, cmd: list[str], launcher: str, tag: str) -> None:
+    name = f"{job.name} " if job.name else ""
+    print(f"[{tag}] {name}({machine_load()}): {' '.join(cmd)}", flush=True)
+    mark(job.run_dir, "launched", launcher, cmd)
+
+
+def _local_cmd(job: Job) -> list[str]:
+    ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}", "-m", "pods.train"]
+    return [*(ranks if job.nproc > 1 else TRAIN), *job.overrides, f"hydra.run.dir={job.run_dir}"]
+
+
+@LAUNCHERS.register("local")
+def run_local(jobs: list[Job], parallel: int = 1, tag: str = "launch", **_) -> list[subprocess.Popen]:
+    """Run ``jobs`` here, ``parallel`` at a time, in order; returns when every started run has ended."""
+    running: list[tuple[Job, list[str], subprocess.Popen]] = []
+    failed: list[str] = []
+    for job in jobs:
+        while len(running) >= parallel:
+            running = _reap(running, failed)
+        if failed:
+            break
+        cmd = _local_cmd(job)
+        _started(job, cmd, "local", tag)
+        log = job.log.open("w") if job.log else None
+        running.append((job, cmd, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None)))
+        if log:
+            log.close()  # the child holds its own copy
+    while running:
+        running = _reap(running, failed)
+    if failed:
+        raise SystemExit(f"[{tag}] a run failed: {'; '.join(failed)}; the same command again continues it (with train.resume=auto)")
+    return []
+
+
+def _reap(running: list, failed: list[str]) -> list:
+    """Mark the runs that ended (finished / failed); the ones still running, after a short wait when none ended."""
+    left = []
+    for job, cmd, proc in running:
+        rc = proc.poll()
+        if rc is None:
+            left.append((job, cmd, proc))
+            continue
+        mark(job.run_dir, "finished" if rc == 0 else "failed", "local", cmd)
+        if rc:
+            failed.append(f"{job.run_dir} (exit {rc})")
+    if len(left) == len(running):
+        time.sleep(0.2)
+    return left
+
+
+@LAUNCHERS.register("slurm")
+def submit_slurm(jobs: list[Job], hydra_launcher: str = "slurm", tag: str = "launch", **_) -> list[subprocess.Popen]:
+    """Submit ``jobs`` to SLURM; returns the processes that wait for the one-GPU job arrays (see ``wait``)."""
+    procs = []
+    for job in jobs:
+        if job.nproc > 1:  # the script runs torchrun over the node's GPUs into PODS_RUN_DIR
+            exp = next((o.split("=", 1)[1] for o in job.overrides if o.startswith("experiment=")), "run")
+            cmd = ["sbatch", "--parsable", f"--job-name=pods-{exp}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *job.overrides]
+            _started(job, cmd, "slurm", tag)
+            subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(job.run_dir)})
+            continue
+        place = [f"hydra.sweep.dir={job.run_dir.parent}", f"hydra.sweep.subdir={job.run_dir.name}"]
+        cmd = [*TRAIN, "-m", *job.overrides, *place, f"hydra/launcher={hydra_launcher}"]
+        _started(job, cmd, "slurm", tag)
+        procs.append(subprocess.Popen(cmd, cwd=ROOT))
+    return procs
+
+
+def launch(jobs: list[Job], launcher: str = "local", parallel: int = 1, hydra_launcher: str = "slurm", tag: str = "launch") -> list:
+    """Start ``jobs`` with ``LAUNCHERS[launcher]`` (see the module docstring); returns the processes left to ``wait`` for."""
+    return LAUNCHERS.get(launcher)(jobs, parallel=parallel, hydra_launcher=hydra_launcher, tag=tag)
+
+
+def wait(procs: list[subprocess.Popen], tag: str = "launch") -> None:
+    """Wait for every submitting process; ``SystemExit`` when one of their runs failed."""
+    if any([p.wait() != 0 for p in procs]):  # a list: wait for every one before deciding
+        raise SystemExit(f"[{tag}] a sweep failed; the same command again continues unfinished runs (train.resume=auto)")

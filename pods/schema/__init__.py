@@ -1,0 +1,128 @@
+"""The typed schema of the configuration (the sections: ``pods.schema.sections``).
+
+``check(cfg)`` validates a composed config (a plain dict) right after Hydra composes it and returns the typed
+``Root``: every key present and typed, defaults filled in from the sections, the rules within a section checked, so
+the code reads ``cfg.train.keep_checkpoints`` and never carries a default of its own. Any problem raises
+``ConfigError`` with ONE line that names the key and the valid values; an unknown key names the closest valid one.
+Rules that read the registries (names of rules, engines, graders...) are ``pods.config.validate``'s.
+
+A group whose options differ in shape picks its model by ``name`` (``SHAPES``): ``rollout=hf`` has no vLLM keys.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from pydantic import BaseModel, ValidationError
+
+from pods.errors import ConfigError
+from pods.schema.sections import (  # noqa: F401 - the sections are this package's public names
+    SHAPES,
+    Algorithm,
+    DeepSpeed,
+    Eval,
+    Hardware,
+    HfRollout,
+    Hub,
+    HubDataset,
+    Lora,
+    Model,
+    NoLogger,
+    Optim,
+    Root,
+    Sampling,
+    Section,
+    Slurm,
+    SparseHfRollout,
+    SparseRl,
+    ToyDataset,
+    ToyLongDataset,
+    Train,
+    VllmRollout,
+    Wandb,
+    construct,
+)
+
+
+def check(cfg: dict | Root) -> Root:
+    """``cfg`` validated and completed as the typed ``Root``, or ``ConfigError`` in one line naming the key."""
+    if isinstance(cfg, Root):
+        return cfg
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"the config must be a mapping, got {type(cfg).__name__}")
+    node = dict(cfg)
+    for group, shapes in SHAPES.items():
+        if group not in node:
+            continue  # Root names the missing required group
+        sub = node[group]
+        name = sub.get("name") if isinstance(sub, dict) else None
+        if not isinstance(name, str):
+            raise ConfigError(f"{group}.name is required (a string), got {name!r}")
+        models = shapes.get(name, shapes["*"])
+        node[group] = _first_fit(models if isinstance(models, tuple) else (models,), sub, group)
+    return _validate(Root, node, "")
+
+
+def _first_fit(models: tuple[type[Section], ...], node: dict, where: str) -> Section:
+    error = None
+    for model in models:
+        try:
+            return _validate(model, node, where)
+        except ConfigError as e:
+            error = error or e
+    raise error
+
+
+def _validate(model: type[Section], node: dict, where: str) -> Section:
+    try:
+        return model.model_validate(node)
+    except ValidationError as e:
+        from pods.schema.messages import explain
+
+        raise ConfigError(explain(e, model, where)) from None
+
+
+def defaults(model: type[Section]) -> dict:
+    """The schema's default of every key of ``model`` that has one (required keys are left out)."""
+    out = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
+    return {k: v.model_dump() if isinstance(v, BaseModel) else copy.deepcopy(v) for k, v in out.items()}
+
+
+def complete(model: type[Section], node: dict | None = None, **values) -> Section:
+    """One section for a caller that builds its own (a test, a benchmark): the schema's defaults, then ``node``,
+    then ``values``; not validated (``check`` validates whole configs)."""
+    return construct(model, {**(node or {}), **values})
+
+
+def nodes() -> dict[str, dict]:
+    """The schema's defaults as Hydra config nodes: ``_schema`` (the top-level sections) and one ``<group>/_<shape>``
+    per shape of a group, which the group's YAML files name first in their ``defaults`` list."""
+    out = {
+        "_schema": {"seed": 0, **{k: defaults(m) for k, m in (("sampling", Sampling), ("train", Train), ("optim", Optim), ("eval", Eval))}}
+    }
+    shapes = {
+        "model": Model,
+        "dataset/_hub": HubDataset,
+        "dataset/_toy": ToyDataset,
+        "dataset/_toy_long": ToyLongDataset,
+        "rollout/_hf": HfRollout,
+        "rollout/_vllm": VllmRollout,
+        "rollout/_sparse_hf": SparseHfRollout,
+        "hardware": Hardware,
+        "algorithm": Algorithm,
+        "logger/_none": NoLogger,
+        "logger/_wandb": Wandb,
+    }
+    for where, model in shapes.items():
+        out[where if "/" in where else f"{where}/_base"] = defaults(model)
+    return out
+
+
+def register() -> None:
+    """Put ``nodes()`` into Hydra's ConfigStore (idempotent); call before composing ``conf/``."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for where, node in nodes().items():
+        group, _, name = where.rpartition("/")
+        cs.store(group=group or None, name=name, node=node)

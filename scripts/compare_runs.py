@@ -1,0 +1,97 @@
+"""Compare two runs, or two sets of seeds: costs, the mean accuracy curves side by side, and the paper's speed-up.
+
+    python scripts/compare_runs.py A B [--x time|step] [--metric accuracy] [--csv table.csv]
+
+A and B are each a run directory (its metrics.jsonl, and config.json for the label, as ``python -m pods.train``
+writes them) or a directory with runs below it (their seeds: each curve is then the mean over them). Prints, for
+each side, its label (from the algorithm settings), steps, seconds per step and the start / best / last of its
+mean curve; then both mean curves on one grid (every evaluation interval; a point only averages the runs that reach it); then how
+much sooner B reaches 99% of A's best mean accuracy than A does, against training seconds and against optimizer
+steps (``pods.results.curves.speedup``: the first crossing on a fine grid up to the median end of the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing pods
+
+from pods.results.curves import mean_curves, speedup  # noqa: E402
+from pods.results.report import table, write_csv  # noqa: E402
+from pods.results.runs import LABELS, Run, load_run  # noqa: E402
+
+UNITS = {"time": "s", "step": "steps"}
+
+
+def runs_at(path: Path) -> list[Run]:
+    """The run at ``path``, or the runs below it (any directory with a metrics.jsonl); [] when there is none."""
+    return [load_run(m.parent) for m in sorted(path.rglob("metrics.jsonl"))] if path.is_dir() else []
+
+
+def curves(runs: list[Run], x: str, metric: str) -> list:
+    """The runs' curves of ``metric`` against ``x``, without the runs that have no such evaluation yet."""
+    return [c for c in (r.curve(x, metric) for r in runs) if c[0].size]
+
+
+def describe(side: str, path: Path, runs: list[Run], rows: list[dict], metric: str) -> str:
+    """One line: the side's label, runs, mean steps and seconds per step, and its mean curve's start / best / last
+    in the table ``rows``."""
+    labels = sorted({LABELS.get("arm")(r.algorithm) for r in runs if r.algorithm}) or ["?"]
+    steps = sum(r.costs["steps"] for r in runs) / len(runs)
+    s_step = sum(r.costs["s_per_step"] for r in runs) / len(runs)
+    mean = [r[side] for r in rows if side in r]
+    return (
+        f"{side}: {path} ({', '.join(labels)}; {len(runs)} run{'s' if len(runs) > 1 else ''}): {steps:.0f} steps, {s_step:.3f} s/step; "
+        f"{metric} {mean[0]:.3f} at start, best {max(mean):.3f}, last {mean[-1]:.3f}"
+    )
+
+
+def curve_table(runs: dict[str, list[Run]], x: str, metric: str) -> list[dict]:
+    """Both mean curves on one grid: rows (x, A, B) with empty cells where a side has no run there."""
+    rows: dict[float, dict] = {}
+    for c in table(mean_curves({side: curves(rs, x, metric) for side, rs in runs.items()})):
+        rows.setdefault(c["time"], {x: c["time"]})[c["label"]] = round(c["mean"], 4)
+    return [rows[k] for k in sorted(rows)]
+
+
+def comparison(runs: dict[str, list[Run]], x: str, metric: str) -> str:
+    s = speedup(curves(runs["A"], x, metric), curves(runs["B"], x, metric))
+    unit = UNITS[x]
+    t_b = "never" if s["t_arm"] is None else f"{s['t_arm']:.0f} {unit}"
+    return (
+        f"B vs A by {x}: to {s['target']:.3f} (99% of A's best mean {s['base_peak']:.3f}) A {s['t_base']:.0f} {unit}, "
+        f"B {t_b}: speed-up {s['speedup']:.2f}x"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("a", type=Path, help="the baseline: a run directory or a directory of runs")
+    p.add_argument("b", type=Path, help="the other arm: a run directory or a directory of runs")
+    p.add_argument("--x", choices=list(UNITS), default="time", help="the table's x axis")
+    p.add_argument("--metric", default="accuracy", help="an eval metric of metrics.jsonl (accuracy, both_accuracy, reward, ...)")
+    p.add_argument("--csv", type=Path, default=None, help="also write the table here")
+    args = p.parse_args(argv)
+    runs = {"A": runs_at(args.a), "B": runs_at(args.b)}
+    for side, path in (("A", args.a), ("B", args.b)):
+        if not runs[side]:
+            p.error(f"{side}: no run at {path} (a directory with metrics.jsonl, or one with run directories below it)")
+        if not curves(runs[side], "time", args.metric):
+            p.error(f"{side}: no evaluation with '{args.metric}' in the runs at {path}")
+    rows = curve_table(runs, args.x, args.metric)
+    print(describe("A", args.a, runs["A"], rows, args.metric))
+    print(describe("B", args.b, runs["B"], rows, args.metric))
+    print(f"\n{args.x + ' (' + UNITS[args.x] + ')':>12s} {'A':>8s} {'B':>8s}")
+    for r in rows:
+        print(f"{r[args.x]:12.1f} " + " ".join(f"{r[k]:8.3f}" if k in r else f"{'':8s}" for k in ("A", "B")))
+    print()
+    for x in UNITS:
+        print(comparison(runs, x, args.metric))
+    if args.csv:
+        write_csv(rows, args.csv, [args.x, "A", "B"])
+
+
+if __name__ == "__main__":
+    main()

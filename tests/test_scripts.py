@@ -1,0 +1,65 @@
+"""``scripts/``: the user-facing scripts run as their commands.
+
+``scripts/compare_runs.py`` on hand-made run directories: B has A's accuracy at every step but its steps cost half
+the seconds, so B reaches 99% of A's best 2x sooner by time and at the same step; a directory of two seeds is
+averaged; a path without runs is refused with one error line (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPARE = ROOT / "scripts" / "compare_runs.py"
+
+
+def write_run(path: Path, accs: list[float], dt: float, n: int) -> Path:
+    """8 train steps of ``dt`` seconds, an evaluation every 4 steps; config.json with GRPO n/n or PODS n->16."""
+    rows = [
+        {"kind": "train", "step": s, "train_time": s * dt, "zero_var_groups": 0.0, "t_generate": dt / 2, "t_update": dt / 2}
+        for s in range(1, 9)
+    ]
+    rows += [{"kind": "eval", "step": 4 * i, "train_time": 4 * i * dt, "accuracy": a, "n_eval": 100} for i, a in enumerate(accs)]
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    alg = {"name": "grpo_pods", "n": n, "m": 16, "rule": "all" if n == 16 else "max_variance", "grad_accum": False}
+    (path / "config.json").write_text(json.dumps({"algorithm": alg}))
+    return path
+
+
+def compare(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(COMPARE), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_compare_runs_prints_costs_curves_and_speedups(tmp_path):
+    a = write_run(tmp_path / "grpo", [0.2, 0.5, 0.6], dt=1.0, n=16)
+    for seed in (1, 2):  # the same curve twice: the mean is that curve
+        write_run(tmp_path / "pods" / f"seed{seed}", [0.2, 0.5, 0.6], dt=0.5, n=64)
+    p = compare(a, tmp_path / "pods", "--csv", tmp_path / "t.csv")
+    assert p.returncode == 0, p.stderr
+    assert "A: " in p.stdout and "(GRPO 16/16; 1 run): 8 steps, 1.000 s/step; accuracy 0.200 at start, best 0.600" in p.stdout
+    assert "(PODS 64→16; 2 runs): 8 steps, 0.500 s/step" in p.stdout
+    # target 0.594 between the evals at steps 4 (0.5) and 8 (0.6): step 7.76, i.e. 7.76 s for A and 3.88 s for B
+    assert "B vs A by time: to 0.594 (99% of A's best mean 0.600) A 8 s, B 4 s: speed-up 2.00x" in p.stdout
+    assert "B vs A by step:" in p.stdout and "speed-up 1.00x" in p.stdout
+    with (tmp_path / "t.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["time"]) for r in rows] == [0.0, 2.0, 4.0, 6.0, 8.0]  # the median gap between evaluations: B's 2 s
+    assert rows[2]["B"] == "0.6" and rows[2]["A"] == "0.5" and rows[4]["B"] == ""  # B ended at 4 s: never extrapolated
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty"])
+def test_compare_runs_refuses_a_path_without_runs(tmp_path, bad):
+    a = write_run(tmp_path / "a", [0.2, 0.5], dt=1.0, n=16)
+    (tmp_path / "empty").mkdir()
+    p = compare(a, tmp_path / bad)
+    assert p.returncode == 2 and p.stdout == ""
+    assert (
+        p.stderr.strip().splitlines()[-1]
+        == f"compare_runs.py: error: B: no run at {tmp_path / bad} (a directory with metrics.jsonl, or one with run directories below it)"
+    )
