@@ -10,6 +10,7 @@ Every error names the offending key; a typo lists the valid choices. Nothing her
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pods.errors import ConfigError
 from pods.registry import Registry
@@ -47,6 +48,7 @@ def validate(cfg: dict | Root) -> Root:
     ENGINES.get(cfg.rollout.name).check(cfg)  # the engine's own rules (budgets, launcher, compression)
     BACKENDS.get(cfg.hardware.backend).check(cfg)
     _launcher(cfg)
+    _suite(cfg.eval)
     check_model_available(cfg.model)
     return cfg
 
@@ -74,6 +76,16 @@ def _algorithm(a) -> None:
     for key in getattr(TOKEN_SELECTORS.get(a.token_rule), "fraction_keys", ()):  # d3s_top_k: token_keep(_final)
         v, optional = getattr(a, key), key.endswith("_final")
         _need(v is not None or optional, f"algorithm.{key} must be a fraction in (0, 1]{' or null' if optional else ''}, got {v!r}")
+
+
+def _suite(ev) -> None:
+    """``eval.suite`` names a shipped suite (conf/suite/), checked before the run rather than after it."""
+    if ev.suite is None:
+        return
+    suites = sorted(p.stem for p in (Path(__file__).resolve().parent / "conf" / "suite").glob("*.yaml"))
+    _need(ev.suite in suites, f"eval.suite: unknown suite '{ev.suite}'; valid: {', '.join(suites)}")
+    bad = [o for o in ev.suite_overrides if not o.lstrip("+~").startswith("suite.")]
+    _need(not bad, f"eval.suite_overrides: '{bad[0] if bad else ''}' is not a suite key (e.g. suite.samples=4)")
 
 
 def _launcher(cfg: Root) -> None:

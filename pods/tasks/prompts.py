@@ -6,6 +6,8 @@ The wording is the experimental setting being reproduced, so the three strings a
 - ``pods_base``: their base-model prompt, raw text (``Example.prompt_text``), no chat template.
 - ``open_r1``: the system prompt of their multi-GPU open-r1 recipe (Qwen2.5-3B-Instruct config).
 - ``question``: the bare question as the only user turn (no format instructions).
+- ``boxed``: the Qwen / SimpleRL-Zoo chat prompt that asks for ``\\boxed{}`` (system "You are a helpful assistant.",
+  the question then the step-by-step instruction as the user turn): Sparse-RL's training and evaluation prompt.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ OPEN_R1_SYSTEM = (
     "following format: <think>\n...\n</think>\n<answer>\n...\n</answer>"
 )
 
+BOXED_SYSTEM = "You are a helpful assistant."
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
 Prompt = tuple  # (messages: tuple[dict, ...], prompt_text: str | None)
 
 
@@ -64,3 +69,8 @@ def open_r1(question: str) -> Prompt:
 @PROMPTS.register("question")
 def bare_question(question: str) -> Prompt:
     return ({"role": "user", "content": question},), None
+
+
+@PROMPTS.register("boxed")
+def boxed(question: str) -> Prompt:
+    return ({"role": "system", "content": BOXED_SYSTEM}, {"role": "user", "content": question + "\n" + BOXED_INSTRUCTION}), None
