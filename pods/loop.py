@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pods import checkpoint, distributed, tokens
@@ -37,7 +38,7 @@ from pods.engines import ENGINES, Sampling
 from pods.evaluate import evaluate
 from pods.log import setup
 from pods.metrics import MetricsLogger
-from pods.models import load_tokenizer, resolve_model_dir
+from pods.models import load_tokenizer, provenance, resolve_model_dir
 from pods.progress import bar
 from pods.schedules import SCHEDULES
 from pods.schema import Root
@@ -141,7 +142,7 @@ class Run:
         self.run_dir = Path(self.dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
+            (self.run_dir / "config.json").write_text(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
         if hw.torch_threads:
             torch.set_num_threads(hw.torch_threads)
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank samples its own rollouts
@@ -153,6 +154,7 @@ class Run:
         self.golds = [ex.gold for ex in train_ex]
         self.backend = BACKENDS.get(hw.backend)(self.model_dir, cfg)
         self.engine = ENGINES.get(cfg.rollout.name)(self.model_dir, self.tok, cfg.rollout, policy=self.backend.policy)
+        np.random.seed(cfg.seed + self.dist.rank)  # vLLM's GPU runner seeds each unseeded request from NumPy's global RNG
         t = cfg.train
         self.sampler = PromptSampler(len(self.train_ids), t.prompts_per_step, cfg.seed, self.dist.rank, self.dist.world, t.group_repeats)
         self.gen = torch.Generator().manual_seed(cfg.seed + self.dist.rank)  # the random down-sampling rule's stream
@@ -245,7 +247,7 @@ class Run:
         at_end = checkpoint.end_mode(t)
         if stopped or at_end == "full":
             self.save()
-        if (t.save_final or at_end == "weights") and not stopped:
+        if (t.save_final or at_end == "weights" or self.cfg.eval.suite) and not stopped:  # the suite reads final/
             self.backend.save_pretrained(str(self.run_dir / "final"))
         if not stopped and at_end != "full":
             checkpoint.discard(self.ckpt_dir, self.dist)  # a finished run resumes no more: its periodic checkpoints go

@@ -26,11 +26,14 @@ def _need(cond: bool, msg: str) -> None:
 
 def check_environment(cfg: Root) -> None:
     """This machine can run ``cfg`` (the validated root; a plain dict is typed by the schema first)."""
+    from pods.gpu_env import card_memory_gb, check_c_compiler
     from pods.memory import check_fits
 
     cfg = check(cfg)
-    check_fits(cfg)  # a CUDA run's memory estimate against hardware.gpu_memory_gb: true on any machine, so first
+    cuda = cfg.hardware.device == "cuda"
+    check_fits(cfg, card_memory_gb(cfg.hardware.gpu_memory_gb) if cuda else None)  # the visible card's memory over the profile's
     _device(cfg)
+    check_c_compiler(cfg.hardware.device, cfg.rollout.name)  # Triton builds its launcher with a C compiler at engine start
     _files(cfg)
     _hub_datasets(cfg.dataset)
 

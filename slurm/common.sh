@@ -5,10 +5,7 @@ pods_setup() {
     # The repository to run in: PODS_ROOT, else where sbatch was called (the scripts are run from a spool copy).
     PODS_ROOT=${PODS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
     cd "$PODS_ROOT" || { echo "[pods] PODS_ROOT=$PODS_ROOT is not a directory" >&2; exit 2; }
-    if [ -n "${PODS_SETUP:-}" ]; then eval "$PODS_SETUP"; fi  # e.g. "module load cuda/12.4; source venv/bin/activate"
-    if [ -z "${PODS_PYTHON:-}" ]; then
-        if [ -x .venv/bin/python ]; then PODS_PYTHON=.venv/bin/python; else PODS_PYTHON=python3; fi
-    fi
+    if [ -n "${PODS_SETUP:-}" ]; then eval "$PODS_SETUP"; fi  # e.g. "module load cuda/12.4; conda activate pods"
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
     export TOKENIZERS_PARALLELISM=false
     # One run directory per job (array task), stable across requeues: the job id does not change.
@@ -33,7 +30,48 @@ pods_setup() {
              "This is a GPU script: check the partition/--gpus request and the driver, or set PODS_ALLOW_CPU=1 to run on CPU on purpose." >&2
         exit 2
     fi
+    pods_python "$PODS_GPUS"
     echo "[pods] job ${SLURM_JOB_ID:-none} on $(hostname) in $PODS_ROOT, run directory $PODS_RUN_DIR, restart ${SLURM_RESTART_COUNT:-0}"
+}
+
+# pods_python GPUS: the interpreter of the job, in PODS_PYTHON. Named: PODS_PYTHON, else GPU_PY. Else, with GPUs, the
+# active conda environment's ($CONDA_PREFIX/bin/python: `conda activate pods` before sbatch, which exports it, or in
+# PODS_SETUP), never the CPU .venv; and its torch must see CUDA (python -m pods.gpu_env says what it found), else the
+# job stops here with that line. Without GPUs (PODS_ALLOW_CPU=1): .venv/bin/python, else python3.
+pods_python() {
+    local gpus=$1
+    PODS_PYTHON=${PODS_PYTHON:-${GPU_PY:-}}
+    if [ -z "$PODS_PYTHON" ] && [ "$gpus" -gt 0 ]; then
+        if [ -n "${CONDA_PREFIX:-}" ] && [ -x "$CONDA_PREFIX/bin/python" ]; then
+            PODS_PYTHON=$CONDA_PREFIX/bin/python
+        else
+            echo "[pods] no python for GPU work: set GPU_PY=/path/to/env/bin/python or activate environment.yml's env (conda activate pods) before sbatch; the CPU .venv is never used on a GPU node" >&2
+            exit 2
+        fi
+    elif [ -z "$PODS_PYTHON" ]; then
+        if [ -x .venv/bin/python ]; then PODS_PYTHON=.venv/bin/python; else PODS_PYTHON=python3; fi
+    fi
+    if [ "$gpus" -gt 0 ]; then
+        "$PODS_PYTHON" -m pods.gpu_env || { echo "[pods] $PODS_PYTHON cannot run GPU work (above); stopping before the run starts" >&2; exit 2; }
+    fi
+}
+
+# pods_node_addr NODE: the address SLURM reaches NODE at (its NodeAddr; the node's name where scontrol cannot tell).
+pods_node_addr() {
+    local addr
+    addr=$(scontrol show node "$1" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
+    echo "${addr:-$1}"
+}
+
+# pods_node_torchrun PYTHON TORCHRUN-ARGS...: one node's part of a multi-node run, run as that node's srun task. torchrun
+# gets this node's address (rank 0's node is where every rank finds the process group's store) and, on the job's first
+# node (SLURM_NODEID 0, whose address is the rendezvous endpoint), hosts the c10d rendezvous store; the others join it.
+pods_node_torchrun() {
+    local python=$1 host=0
+    shift
+    if [ "${SLURM_NODEID:-0}" = 0 ]; then host=1; fi
+    exec "$python" -m torch.distributed.run --local_addr="$(pods_node_addr "${SLURMD_NODENAME:-$(hostname)}")" \
+        --rdzv_conf="is_host=$host" "$@"
 }
 
 # pods_run FORWARD CMD...: run CMD in the background and wait for it. On SIGUSR1 (sbatch --signal=B:USR1@...:
@@ -57,8 +95,14 @@ pods_run() {
     done
     trap - USR1 TERM
     if [ "$PODS_PREEMPTED" = 1 ] && [ "$rc" = 0 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-        echo "[pods] checkpointed; requeueing job $SLURM_JOB_ID to continue"
-        scontrol requeue "$SLURM_JOB_ID"
+        # A warning that came as the run was finishing finds no checkpoint left (a finished run removes its periodic
+        # ones unless train.checkpoint_at_end=full): requeueing would start it again from scratch.
+        if compgen -G "$PODS_RUN_DIR/checkpoints/step_*.pt" >/dev/null; then
+            echo "[pods] checkpointed; requeueing job $SLURM_JOB_ID to continue"
+            scontrol requeue "$SLURM_JOB_ID"
+        else
+            echo "[pods] SIGUSR1 came, but the run finished and left no checkpoint to resume from: not requeued"
+        fi
     fi
     return "$rc"
 }

@@ -20,7 +20,7 @@ PODS = Path(__file__).resolve().parents[1] / "pods"
 
 # bottom to top; "pkg.*" = the package and every module below it; an exact name wins over a pattern
 LAYERS: dict[int, tuple[str, list[str]]] = {
-    0: ("ground", ["pods", "pods.errors", "pods.registry", "pods.log", "pods.progress", "pods.signals"]),
+    0: ("ground", ["pods", "pods.errors", "pods.registry", "pods.log", "pods.progress", "pods.signals", "pods.numerics"]),
     1: ("schema", ["pods.schema.*"]),
     2: (
         "algorithm + data",

@@ -39,7 +39,9 @@ class Rollouts:
     """n completions per prompt, grouped: completions of prompt i are rows i*n .. i*n + n - 1.
 
     ``logprobs[j][t]`` is the sampler's log-probability of ``completion_ids[j][t]`` under
-    softmax(logits / temperature) (untruncated by top-k/top-p), the same quantity the loss uses.
+    softmax(logits / temperature), the same quantity the loss uses: untruncated for the HF engines always, and for
+    vLLM only with top_k = -1 and top_p = 1 (vLLM records the truncated, renormalised distribution's log-probs,
+    so ``VLLMEngine.check`` refuses truncation where the sampler's log-probs are read as such).
     """
 
     prompt_ids: list[list[int]]  # [G][P_i]
@@ -85,7 +87,7 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
-        """n completions of every prompt (``Rollouts``: grouped, with the sampler's untruncated log-probs)."""
+        """n completions of every prompt (``Rollouts``: grouped, with the sampler's log-probs)."""
 
     def load_weights(self, named_tensors) -> None:
         """Push new policy weights (HF names); engines that sample with the live policy have nothing to do."""

