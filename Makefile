@@ -10,8 +10,14 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+# pinned CPU numerics (pods.numerics, docs/numerics.md): the AVX2 kernels of torch, MKL and oneDNN on every x86-64 CPU
+export ATEN_CPU_CAPABILITY ?= avx2
+export MKL_CBWR ?= AVX2
+export ONEDNN_MAX_CPU_ISA ?= AVX2
+export MKL_DYNAMIC ?= FALSE
+export OMP_DYNAMIC ?= FALSE
 
-.PHONY: help install demo test test-all test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs
+.PHONY: help install demo test test-all test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs tiny-model test-isa numerics
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -56,6 +62,20 @@ figure1-cpu: $(STAMP) ## Figure 1 on the tiny model and toy task, and the per-st
 
 memory: $(STAMP) ## a run's peak memory per GPU, estimated, against its card: make memory ARGS="experiment=..." (docs/memory.md)
 	$(PY) -m pods.memory $(ARGS)
+
+tiny-model: $(STAMP) ## rebuild the shipped tiny models (pinned numerics) and report how far each is from pods/assets/ (about 5 min)
+	$(PY) scripts/tiny_model.py
+
+# the tests whose tolerances are set from measured kernel noise, run under each ATen kernel ISA (docs/numerics.md)
+ISA_TESTS ?= tests/test_numerics.py tests/test_tiny_model.py tests/test_hf_engine.py tests/test_losses.py tests/test_loop_on_cpu.py \
+	tests/test_d3s.py tests/test_sparse_rl.py tests/test_sparse_rl_engine.py tests/test_gpu_path_on_cpu.py tests/test_vllm_engine_on_cpu.py
+ISAS ?= default avx2 avx512
+test-isa: $(STAMP) ## the tolerance-sensitive tests under ATEN_CPU_CAPABILITY=default, avx2 and avx512 (ISA_TESTS, ISAS)
+	@rc=0; for isa in $(ISAS); do echo "== ATEN_CPU_CAPABILITY=$$isa"; \
+		ATEN_CPU_CAPABILITY=$$isa MKL_CBWR= ONEDNN_MAX_CPU_ISA= PODS_NUMERICS=native $(PY) -m pytest -q -m "not gpu" $(ISA_TESTS) || rc=1; done; exit $$rc
+
+numerics: $(STAMP) ## does the numerics pin matter, and its cost: 60 warm-start steps per kernel setting -> results/cpu/numerics/ (about 5 min)
+	$(PY) benchmarks/bench_numerics.py
 
 lint: $(STAMP) ## ruff check + ruff format --check (as .ci/run)
 	$(PY) -m ruff check .

@@ -11,6 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pods.numerics import pin  # noqa: E402
+
+pin()  # the CPU numerics (pods.numerics) before a benchmark loads torch: every script imports this module first
+
 
 def compose(overrides: list[str] | None = None) -> dict:
     """``python -m pods.train <overrides>``'s resolved config, unchecked (``pods.compose.compose_plain``)."""

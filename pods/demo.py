@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from pods.launch import Job, launch, machine_load
+from pods.numerics import pin, summary_line
 from pods.results.plot import plot_runs
 from pods.results.report import eval_rows, speedup_report, write_csv
 from pods.results.runs import load_run
@@ -79,6 +80,7 @@ def demo(out: Path, overrides: list[str]) -> None:
     header = [
         f"make demo: {time.time() - t0:.0f} s wall-clock for {len(ARMS)} arms, one seed each; {before} at the start, {machine_load()} at the end",
         "accuracy: sampled (T = 1) test accuracy; ± = 1.96 SE over eval samples (binomial); speed-ups are to 99% of the baseline's peak",
+        summary_line(),
     ]
     for line in summarize(dirs, out, "toy arithmetic, tiny Qwen2, CPU (1 seed per arm)", header):
         print("[demo]", line)
@@ -91,7 +93,8 @@ def seeded(out: Path, seeds: list[int], jobs: int, overrides: list[str], redraw:
     if redraw:
         dirs = {label: sorted((out / "runs" / exp).glob("seed*")) for label, exp in SEEDED.items()}
         old = out / "summary.txt"
-        header = old.read_text().splitlines()[:2] if old.exists() else ["redrawn from the runs' metrics.jsonl", ""]
+        kept = old.read_text().splitlines() if old.exists() else ["redrawn from the runs' metrics.jsonl", ""]
+        header = kept[:2] + [x for x in kept[2:4] if x.startswith("numerics:")]  # the reproduction's wall-clock, load, numerics
     else:
         dirs = reproduce(out, seeds, jobs, overrides)
         header = [
@@ -99,12 +102,14 @@ def seeded(out: Path, seeds: list[int], jobs: int, overrides: list[str], redraw:
             f"{jobs} runs at a time; {before} at the start, {machine_load()} at the end",
             "accuracy: sampled (T = 1) test accuracy, mean over seeds, ± = 1.96 SE over seeds; speed-ups are to 99% of the "
             "baseline's best mean accuracy, [95% percentile bootstrap over seeds]",
+            summary_line(),
         ]
     for line in summarize(dirs, out, "toy arithmetic, tiny Qwen2, CPU: mean ± 1.96 SE over seeds", header):
         print("[reproduce]", line)
 
 
 def main(argv: list[str] | None = None) -> None:
+    pin()  # the CPU numerics, before anything loads torch (pods.numerics); the runs inherit them
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in ("reproduce", "summarize") else "demo"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

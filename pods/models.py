@@ -24,6 +24,25 @@ def _build_tiny(model: Model) -> Path:
     return ensure_tiny(model.spec or {}, model.cache_dir)
 
 
+ASSET_KEYS = Registry("model asset key")  # builder -> what names the exact model it gives (config.json's provenance)
+
+
+@ASSET_KEYS.register("tiny")
+def _tiny_asset(model: Model) -> dict:
+    from pods.tiny import asset_name, shipped
+
+    return {"asset": asset_name(model.spec), "shipped": shipped(model.spec) is not None}
+
+
+def provenance(model: Model) -> dict:
+    """What a run ran on, for its config.json: the model (a builder's asset key, else ``model.path``) and the CPU
+    numerics (``pods.numerics.record``)."""
+    from pods.numerics import record
+
+    asset = ASSET_KEYS.get(model.builder)(model) if model.builder else {"asset": model.path}
+    return {"model": asset, "numerics": record()}
+
+
 def unwrap(model):
     """The transformers model inside a DeepSpeed engine (``.module``) and/or a peft wrapper (``get_base_model()``):
     the one way every layer reaches the plain model (its config, decoder, head and generation_config)."""

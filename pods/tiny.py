@@ -250,18 +250,6 @@ def ensure_tiny(spec: dict | None = None, cache_dir: str | Path | None = None) -
     return out
 
 
-def committed_specs() -> dict[str, dict]:
-    """Asset name -> full spec of every tiny model a committed config uses (the default config and each experiment)."""
-    from pods.compose import CONF, compose_plain
-
-    found = {}
-    for overrides in [[]] + [[f"experiment={p.stem}"] for p in sorted((CONF / "experiment").glob("*.yaml"))]:
-        model = compose_plain(overrides)["model"]
-        if model.get("builder") == "tiny":  # a filter (which configs use this module), not a dispatch
-            found[asset_name(model.get("spec"))] = full_spec(model.get("spec"))
-    return found
-
-
 def weights_hash(model_dir: Path) -> str:
     """sha256 over the tensors' names, dtypes, shapes and bytes (sorted by name): equal hash = equal bits."""
     from safetensors.torch import load_file
@@ -281,54 +269,12 @@ def weights_gap(a: Path, b: Path) -> dict[str, float]:
     return {k: float((ta[k].double() - tb[k].double()).abs().max()) for k in sorted(ta)}
 
 
-SHIPPED_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pods_tiny.json"]
-
-
-def rebuild(out: Path, ship: bool = False) -> list[str]:
-    """Build every committed spec into ``out`` and compare each with the shipped weights (``ship``: write the builds
-    into pods/assets instead, replacing what is there). Returns the report lines."""
-    lines = []
-    for name, spec in committed_specs().items():
-        build = out / name
-        if not (build / "pods_tiny.json").exists():
-            build_tiny(spec, build)
-        have, new = shipped(spec), weights_hash(build)
-        if ship:
-            shutil.rmtree(ASSETS / name, ignore_errors=True)
-            (ASSETS / name).mkdir(parents=True)
-            for f in SHIPPED_FILES:
-                shutil.copy2(build / f, ASSETS / name / f)
-            lines.append(f"{name}: shipped {new} ({ASSETS / name})")
-        elif have is None:
-            lines.append(f"{name}: NOT SHIPPED (rebuilt into {build}, weights {new})")
-        else:
-            gap = weights_gap(have, build)
-            worst = max(gap, key=gap.get)
-            same = "EQUAL" if weights_hash(have) == new else "DIFFERENT"
-            lines.append(f"{name}: rebuild {new} vs shipped {weights_hash(have)}: {same}; max |diff| {gap[worst]:.3g} ({worst})")
-            lines += [f"    {k}: {v:.3g}" for k, v in gap.items() if v > 0]
-    return lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pods.tiny [--out DIR] [--ship]``: rebuild every committed tiny model (pinned numerics) and report
-    how far each is from the shipped weights; exit 1 when one differs or is not shipped."""
-    import argparse
-    import tempfile
-
-    from pods.numerics import pin, summary_line
-
-    pin()
-    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    p.add_argument("--out", help="build directory (default: a temporary one)")
-    p.add_argument("--ship", action="store_true", help="write the builds into pods/assets (maintainers, after a change to the build)")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="pods-tiny-") as tmp:
-        lines = rebuild(Path(args.out or tmp), args.ship)
-    print(summary_line())
-    print("\n".join(lines))
-    return 0 if args.ship or all(": rebuild" in x and "EQUAL" in x for x in lines if not x.startswith(" ")) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+SHIPPED_FILES = [
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "pods_tiny.json",
+]

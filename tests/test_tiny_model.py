@@ -89,3 +89,50 @@ def test_hf_engine_greedy_with_n_repeats_and_ignores_the_models_generation_confi
         seq = ids[0] + ro.completion_ids[0]
         logits = model(input_ids=torch.tensor([seq])).logits[0, len(ids[0]) - 1 : -1]
     assert logits.argmax(-1).tolist() == ro.completion_ids[0]
+
+
+def test_every_tiny_model_a_committed_config_uses_is_shipped():
+    """Compose the default config and every experiment; each tiny-model spec must have its asset in pods/assets/."""
+    import importlib.util
+    from pathlib import Path
+
+    from pods.tiny import ASSETS, SHIPPED_FILES
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "tiny_model.py"
+    spec = importlib.util.spec_from_file_location("tiny_model", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    used = script.committed_specs()
+    assert "tiny-" + __import__("pods.tiny").tiny.spec_hash(DEFAULT_SPEC) in used and len(used) >= 2  # the toy task's, toy_long's
+    missing = [name for name in used if not all((ASSETS / name / f).is_file() for f in SHIPPED_FILES)]
+    assert not missing, f"not shipped: {missing}; build and ship them with `python scripts/tiny_model.py --ship`"
+    for name, full in used.items():  # the shipped asset is the spec it is named after, built with the pinned numerics
+        info = json.loads((ASSETS / name / "pods_tiny.json").read_text())
+        assert info["spec"] == full and info["numerics"]["torch_cpu_capability"] == "AVX2", name
+
+
+def test_ensure_tiny_loads_the_shipped_model_and_writes_nothing(tmp_path):
+    from pods.models import resolve_model_dir
+    from pods.schema import Model
+    from pods.tiny import ASSETS, ensure_tiny
+
+    got = ensure_tiny({}, tmp_path)
+    assert got.parent == ASSETS and list(tmp_path.iterdir()) == []
+    assert resolve_model_dir(Model(name="tiny", builder="tiny", cache_dir=str(tmp_path))) == str(got)
+
+
+def test_a_build_that_loses_the_race_to_a_concurrent_one_returns_and_cleans_up(tmp_path):
+    """Two processes building the same key: the second rename finds the winner's directory (OSError); the loser
+    keeps the winner's model and leaves no ``.tmp<pid>``; a dead process's leftover is removed on the next call."""
+    from pods.tiny import _drop_stale_builds, _publish, load_tokenizer, shipped
+
+    src = shipped({})
+    tok, model = load_tokenizer(src), load_policy(str(src), complete(Hardware, dtype="float32"))
+    out = tmp_path / "tiny-x"
+    _publish(model, tok, {"who": "winner"}, out)
+    _publish(model, tok, {"who": "loser"}, out)  # rename onto a non-empty directory: OSError, tolerated
+    assert json.loads((out / "pods_tiny.json").read_text()) == {"who": "winner"}
+    stale = tmp_path / "tiny-x.tmp999999999"  # no such process
+    stale.mkdir()
+    _drop_stale_builds(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-x"]

@@ -25,7 +25,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 pytestmark = pytest.mark.slow
 
 
+# max |vLLM sampler log-prob - trainer log-prob| per token, float32 (docs/numerics.md). Before any update: vLLM and
+# HF agree to 5e-7 on prompts; sampled tokens measured here up to 4.3e-5 (AVX2) / 3.8e-5 (AVX-512), the shipped model.
 TOL = 1e-4
+# after optimizer steps: measured max 4.3e-5 (AVX2) / 5.4e-5 (AVX-512) over 3 steps x full/LoRA, and 1.65e-4 in one
+# full-suite run (other rollouts, the model built with AVX-512 kernels); a missing sync leaves >= 0.23 (smallest stale gap
+# measured), so 1e-3 keeps 6x above the noise and 200x below the failure it guards against
+SYNC_TOL = 1e-3
 
 
 def backend_for(tiny_dir, overrides=()):
@@ -133,16 +139,18 @@ def test_sync_after_each_optimizer_step(engine, tiny_dir, prompts, finetune):
     sampling, gen, n = Sampling(temperature=1.0, max_tokens=12), torch.Generator().manual_seed(0), 4
     for step in range(3):
         ro = engine.generate(prompts, n, sampling)
-        assert recompute_gap(backend, prompts, ro) < TOL
+        assert recompute_gap(backend, prompts, ro) < SYNC_TOL
         rows = range(len(ro.completion_ids))
         batch = build_batch([prompts[i // n] for i in rows], ro.completion_ids, ro.logprobs, torch.randn(len(rows), generator=gen), 0)
         backend.update(batch, lr=1e-3)
         stale = recompute_gap(backend, prompts, ro)  # the rollouts' log-probs against the updated policy
-        assert stale > 10 * TOL, f"step {step}: the update barely changed the policy ({stale:.2e}); the test would not see a missing sync"
+        assert stale > 10 * SYNC_TOL, (
+            f"step {step}: the update barely changed the policy ({stale:.2e}); the test would not see a missing sync"
+        )
         engine.load_weights(backend.export_weights())
         assert engine.last_sync_s > 0
     ro = engine.generate(prompts, n, sampling)
-    assert recompute_gap(backend, prompts, ro) < TOL and ro.num_tokens > 0 and any(t.strip() for t in ro.texts)
+    assert recompute_gap(backend, prompts, ro) < SYNC_TOL and ro.num_tokens > 0 and any(t.strip() for t in ro.texts)
 
 
 def live_engines() -> int:
@@ -181,6 +189,6 @@ def test_sync_into_engine_process(tiny_dir, tok, prompts):
         )
         backend.update(batch, lr=1e-3)
         eng.load_weights(backend.export_weights())
-        assert recompute_gap(backend, prompts, eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))) < TOL
+        assert recompute_gap(backend, prompts, eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))) < SYNC_TOL
     finally:
         eng.close()
