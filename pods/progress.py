@@ -24,7 +24,7 @@ class LineBar(tqdm):
     rate, postfix)."""
 
     def __init__(self, *args, every_s: float = EVERY_S, **kwargs):
-        self.every_s, self._last_line = every_s, time.monotonic()  # before tqdm's first refresh (in __init__): skipped
+        self.every_s, self._last_line, self._line_n = every_s, time.monotonic(), None  # tqdm's first refresh is skipped
         super().__init__(*args, **kwargs)
 
     def refresh(self, nolock: bool = False, lock_args=None) -> bool:
@@ -38,6 +38,7 @@ class LineBar(tqdm):
         if msg == "":  # tqdm clearing its line: nothing to clear in a log
             return False
         self.fp.write((self.__str__() if msg is None else msg).strip() + "\n")
+        self._line_n = self.n
         self.fp.flush()
         return True
 
@@ -45,14 +46,16 @@ class LineBar(tqdm):
         """No line to clear (``tqdm.write`` clears bars before it prints)."""
 
     def close(self) -> None:
-        if not self.disable and (self.leave if self.leave is not None else self.pos == 0):
+        left = self.leave if self.leave is not None else self.pos == 0
+        if not self.disable and left and self._line_n != self.n:  # the final count, unless the last line showed it
             self._last_line = float("-inf")
-            self.refresh()  # the final count, as a terminal bar that is left shows it
+            self.refresh()
         self.leave = False  # tqdm's own close would clear, then write a newline
         super().close()
 
 
 def on_terminal(file) -> bool:
+    """Whether ``file`` is a terminal (a log file, a pipe or a closed stream is not)."""
     isatty = getattr(file, "isatty", None)
     return bool(isatty and isatty())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,8 @@ def test_off_a_terminal_a_log_gets_one_line_per_interval(tmp_path):
     assert "\r" not in text and [ln for ln in lines if ln.startswith("note")] == ["note 499", "note 999", "note 1499"]
     assert len(bars) <= int(elapsed / EVERY_S) + 1, (len(bars), elapsed)  # one per EVERY_S after the start, + the final
     assert len(bars) >= 2 and f"{STEPS}/{STEPS}" in bars[-1] and f"{STEPS}/{STEPS}" not in bars[-2]
+    counts = [re.search(rf"(\d+)/{STEPS}", ln).group(1) for ln in bars]
+    assert len(set(counts)) == len(counts)  # no count written twice (the final line only when it is new)
     assert len(lines) == len(bars) + 3 + 1  # + notes + the elapsed line: nothing else
 
 

@@ -38,6 +38,7 @@ import torch
 from pods.engines.base import Engine, Rollouts, Sampling
 from pods.engines.vllm_start import budget, build_llm, context_length, stop_token_ids
 from pods.errors import ConfigError
+from pods.progress import bar
 from pods.schema import Root, VllmRollout
 
 __all__ = ["VLLMEngine", "budget", "context_length"]
@@ -150,7 +151,7 @@ class VLLMEngine(Engine):
         self._wake()
         copies = n if sampling.temperature <= 0 else 1  # vLLM refuses n > 1 when greedy: repeat the prompt instead
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
-        outs = self.llm.generate(requests, self.request_params(len(requests), n // copies, sampling), use_tqdm=progress)
+        outs = self.llm.generate(requests, self.request_params(len(requests), n // copies, sampling), use_tqdm=bar if progress else False)
         if self.sleeps:  # free the GPU for the update: weights to CPU RAM, KV cache dropped; woken on next use
             self.llm.sleep(level=1)
             self.asleep = True
