@@ -200,7 +200,7 @@ def test_prompt_formats():
     assert text.endswith("Problem: What is 2+2?\nSolution: ") and "<think>" in text
     messages, _ = PROMPTS.get("open_r1")("q")
     assert messages[0]["content"].endswith("<think>\n...\n</think>\n<answer>\n...\n</answer>")
-    with pytest.raises(ValueError, match="unknown prompt format 'nope'; valid: open_r1, pods_base"):
+    with pytest.raises(ValueError, match="unknown prompt format 'nope'; valid: boxed, open_r1, pods_base"):
         PROMPTS.get("nope")
 
 

@@ -125,7 +125,11 @@ def test_stop_strings(engine, prompts):
     from pods.engines import Sampling
 
     ro = engine.generate(prompts, 2, Sampling(temperature=1.0, max_tokens=12, seed=0, stop=(":",)))
-    assert all(r == "stop" and ":" in t for r, t in zip(ro.finish_reasons, ro.texts))
+    pairs = list(zip(ro.finish_reasons, ro.texts))
+    # a sample at T = 1 may also stop at the end-of-turn token after a stray one (the tiny model samples "Answer:"
+    # about half the time): what must hold is that a ':' ends its sample there and then, as a stop
+    assert all(t.endswith(":") and r == "stop" for r, t in pairs if ":" in t)
+    assert any(":" in t for _, t in pairs)
 
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])
