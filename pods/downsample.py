@@ -21,7 +21,6 @@ import operator
 import torch
 from torch import Tensor
 
-from pods.advantages import ADVANTAGES
 from pods.registry import Registry
 
 RULES = Registry("downsample rule")
@@ -286,42 +285,3 @@ def kept_rows(rule: str, scores: Tensor, m: int, *, generator: torch.Generator |
         return fn(scores, m, generator=generator, **opts)
     G, n = scores.shape
     return (fn(scores, m, generator=generator, **opts) + n * torch.arange(G, device=scores.device).unsqueeze(1)).flatten()
-
-
-def select_rows(alg, rewards: Tensor, keep: int, *, generator: torch.Generator | None = None, dist=None) -> tuple[Tensor, Tensor]:
-    """Down-sampling and advantages of one step (``alg``: the algorithm section; ``rewards: [G, n]``, this rank's).
-
-    Returns ``(kept, advantages)``: ``kept`` as ``kept_rows`` gives it (``LongTensor[K]``) and ``advantages: [G * n]``
-    float32, one per rollout of this rank, meaningful on the kept ones. PODS/GRPO (``advantage_scope: kept``): the
-    advantages of each group's kept rollouts, normalised over those (0 elsewhere); D3S (``group``): the full group's
-    advantages, which the rule reads, not re-normalised after selection.
-    """
-    advantage = ADVANTAGES.get(alg.advantage)
-    G, n = rewards.shape
-    if alg.advantage_scope == "group":
-        group_adv = advantage(rewards)
-        return kept_rows(alg.rule, group_adv, keep, generator=generator, dist=dist, alg=alg), group_adv.flatten().float()
-    kept = kept_rows(alg.rule, rewards, keep, generator=generator, dist=dist, alg=alg)
-    adv = torch.zeros(G * n, dtype=torch.float32)
-    adv[kept] = advantage(rewards.flatten()[kept].view(G, keep)).float().flatten()
-    return kept, adv
-
-
-def take_rows(rule: str, kept: Tensor, dist, **fields: list) -> dict[str, list]:
-    """The entries of the rows this rank trains, for every per-rollout list in ``fields`` (each one entry per rollout
-    of this rank, in row order: prompt ids, completion ids, advantages...).
-
-    A per-rank rule: the entries at ``kept``. An ``across_ranks`` rule: ``kept`` indexes every rank's rows (the
-    same on every rank); rank r trains the r-th of W equal slices of it, so every rank publishes its rows that are
-    kept (gathered on rank 0, then broadcast) and takes its slice, in ascending global order. Every rank trains
-    ``len(kept) / W`` rows, as many as a per-rank rule gives it.
-    """
-    if not across_ranks(rule) or dist is None or dist.world == 1:
-        idx = kept.tolist()
-        return {k: [v[i] for i in idx] for k, v in fields.items()}
-    rows = len(next(iter(fields.values())))  # this rank's rollouts (the same number on every rank)
-    per, lo = kept.numel() // dist.world, dist.rank * rows
-    own = {i: {k: v[i - lo] for k, v in fields.items()} for i in kept.tolist() if lo <= i < lo + rows}
-    published = {i: row for part in dist.broadcast(dist.gather_object(own)) for i, row in part.items()}
-    mine = kept[dist.rank * per : (dist.rank + 1) * per].tolist()
-    return {k: [published[i][k] for i in mine] for k in fields}

@@ -15,7 +15,7 @@ and checkpointing, so curves of accuracy against training time compare algorithm
 Several processes (``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...``): each rank runs this
 same loop on its own ``train.prompts_per_step`` prompts, with its own engine; a prompt group never spans ranks, so
 (4)-(5) are per rank (a whole-step rule, ``d3s_cross_step``, gathers the advantages and moves the kept rows so that
-every rank trains an equal share: ``pods.downsample.take_rows``); the backend reduces gradients in (6). ``pods.distributed`` keeps the clock and the stop
+every rank trains an equal share: ``pods.step.take_rows``); the backend reduces gradients in (6). ``pods.distributed`` keeps the clock and the stop
 decision identical on every rank and reduces what is logged; only rank 0 writes files.
 """
 
@@ -33,17 +33,15 @@ from pods import checkpoint, distributed, tokens
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
-from pods.downsample import select_rows, take_rows
 from pods.engines import ENGINES, Sampling
 from pods.evaluate import evaluate
 from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, provenance, resolve_model_dir
 from pods.progress import bar
-from pods.schedules import SCHEDULES
 from pods.schema import Root
 from pods.signals import StopFlag
-from pods.step import plan
+from pods.step import plan, select_rows, step_lr, take_rows
 from pods.tasks import DATASETS, encode_prompts, score_batch
 
 
@@ -85,11 +83,10 @@ def _reward_metrics(rewards: torch.Tensor, kept: list[float], scores, dist) -> d
     }
 
 
-def rollout_step(
-    cfg: Root, engine, backend, prompts, golds, gen, lr: float, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0
-) -> dict:
+def rollout_step(cfg: Root, engine, backend, prompts, golds, gen, lr, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0) -> dict:
     """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
-    statistics over every rank's groups). ``progress`` is the training progress in [0, 1]."""
+    statistics over every rank's groups). ``progress`` is the training progress in [0, 1]; ``lr`` a number or the LR
+    of each optimizer step (``pods.step.step_lr``)."""
     a, s, ds, n = cfg.algorithm, cfg.sampling, cfg.dataset, cfg.algorithm.n
     step = plan(a, len(prompts), backend.micro_batch_size, progress)
     times = [time.perf_counter()]
@@ -187,7 +184,8 @@ class Run:
         clock, st, cfg = time.perf_counter(), self.state, self.cfg
         idx = self.sampler.next()  # (1)
         p = progress_of(st, cfg.train)
-        lr = cfg.optim.lr * SCHEDULES.get(cfg.optim.schedule)(p, cfg.optim.warmup_ratio)
+        p_next = progress_of(LoopState(step=st.step + 1, train_time=st.train_time), cfg.train)
+        lr = step_lr(cfg.optim, p, p_next)  # the LR of each optimizer step of this rollout step (mini-batches)
         prompts, golds = [self.train_ids[i] for i in idx], [self.golds[i] for i in idx]
         row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p)  # (2)-(7)
         row = self.dist.reduce_metrics(row)

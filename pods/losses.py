@@ -181,11 +181,11 @@ def bnpo_scale(group: torch.Tensor, mask: torch.Tensor, n_groups: float) -> torc
 
 
 def _bnpo_prepare(batch, backend) -> None:
-    """Fold ``bnpo_scale`` into ``batch.token_weights`` before the micro-batches (exact under accumulation)."""
+    """Set ``batch.agg_weights`` to ``bnpo_scale`` before the micro-batches of an optimizer step (exact under
+    accumulation); ``batch``: that step's rows."""
     group = batch.group if batch.group is not None else torch.arange(len(batch))
     n_groups, _ = backend.step_totals(int(torch.unique(group).numel()), 0)
-    scale = bnpo_scale(group, batch.loss_mask, n_groups).unsqueeze(1)
-    batch.token_weights = scale if batch.token_weights is None else batch.token_weights * scale
+    batch.agg_weights = bnpo_scale(group, batch.loss_mask, n_groups).unsqueeze(1)
 
 
 bnpo.prepare = _bnpo_prepare

@@ -4,10 +4,14 @@ The sampler generated with a compressed KV cache (``pi_sparse``); the trainer's 
 old policy (``pi_old``). Per completion token, r_t = exp(clamp(log pi_old - log pi_sparse, -c, c)):
 - rejection: a whole sequence is dropped (loss_mask 0) if any valid token has the UNCLAMPED ratio below
   ``veto`` (1e-4); tokens whose r_t lies outside the trust band [``band_low``, ``band_high``] are masked;
-- reweighting: w_t = min(r_t, ``cap``), divided by its mean so that it averages 1 (``weight_norm``), and
-  multiplied into the clipped surrogate through ``batch.token_weights``.
-The loss normalisers then come from the post-rejection ``loss_mask`` (``Backend.update``). Defaults are the
-values of the authors' released configuration; docs/sparse-rl.md gives the source of each and the choices.
+- reweighting: w_t = min(r_t, ``cap``), divided by its mean so that it averages 1, and multiplied into the
+  clipped surrogate through ``batch.token_weights`` (the KL term too unless ``algorithm.kl_weighted`` is false).
+  The mean is taken over the post-rejection tokens (``weight_norm: valid``) or all valid tokens (``all``), over the
+  step's whole batch on every rank (``norm_scope: step``) or, as the release does, per micro-batch on each rank
+  (``micro_batch``: the update divides, reading ``batch.weight_norm_mask``); ``none`` leaves w as it is.
+The loss normalisers then come from the post-rejection ``loss_mask`` (``Backend.update``). The thresholds' defaults
+are the released values; the normaliser's defaults are pods' (the release: ``all``, ``micro_batch``);
+docs/sparse-rl.md gives the source of each and the choices.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
 
     dense, sparse: [B, C] log-probs of the sampled tokens under the dense old policy and the sparse sampler;
     mask: [B, C] float, 1 on valid completion tokens. ``dist`` (pods.distributed handle) sums the weight
-    normaliser over ranks. Returns (new_mask [B, C], weights [B, C], stats dict of global sums).
+    normaliser over ranks. Returns (new_mask [B, C], weights [B, C], stats dict of global sums); with
+    ``norm_scope: micro_batch`` the weights are returned unnormalised (the update normalises each micro-batch).
     """
     c = SparseRl.of(c)
     valid = mask > 0
@@ -57,7 +62,7 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
     ]
     if dist is not None:
         sums = dist.reduce(sums)
-    if norm_mask is not None and sums[1] > 0 and sums[0] > 1e-8:
+    if norm_mask is not None and c.norm_scope == "step" and sums[1] > 0 and sums[0] > 1e-8:
         w = w / (sums[0] / sums[1])
     keys = ("w_sum", "w_count", "rejected", "seqs", "out_of_band", "tokens", "kl", "k3")
     return new_mask, w, dict(zip(keys, sums))
@@ -70,6 +75,8 @@ def sparse_rl(batch, ctx: StepContext) -> dict:
     new_mask, w, s = sparse_rl_weights(ctx.stats.logprobs.float(), batch.sampler_logprobs.float(), mask, c, ctx.dist)
     batch.loss_mask = new_mask
     batch.token_weights = w if batch.token_weights is None else batch.token_weights * w
+    if c.norm_scope == "micro_batch":
+        batch.weight_norm_mask = {"valid": new_mask, "all": mask}.get(c.weight_norm)
     kept = w[new_mask > 0]
     w_max = ctx.dist.max(float(kept.max())) if kept.numel() else ctx.dist.max(0.0)
     tokens = max(s["tokens"], 1.0)

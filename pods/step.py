@@ -6,6 +6,11 @@ the rule is written once.
 - GRPO-GA (``algorithm.grad_accum``): all n kept, trained in micro-batches of ``prompts x algorithm.m`` (the
   paper's "m" is then the micro-batch), one optimizer step.
 - D3S (``algorithm.m_final``): the kept count moves from m to m_final along ``algorithm.ramp`` over the run.
+- Which rows: ``select_rows`` (the rule's kept rollouts and their advantages) and ``take_rows`` (the rows this rank
+  trains: a whole-step rule such as ``d3s_cross_step`` moves kept rows between ranks so every rank trains as many).
+- Mini-batches (``algorithm.mini_batch_size``): the kept rows are cut into consecutive mini-batches, one optimizer
+  step each (per ``algorithm.ppo_epochs`` pass); null = one mini-batch of all rows. The learning rate of each
+  optimizer step follows the schedule between this rollout step's progress and the next's (``step_lr``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pods.schedules import ramped
+import torch
+from torch import Tensor
+
+from pods import downsample
+from pods.advantages import ADVANTAGES
+from pods.schedules import SCHEDULES, ramped
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class StepPlan:
     keep: int  # rollouts kept per prompt group (cross-group rules: on average)
     rows: int  # rows this rank trains in the step: prompts x keep
     micro_batch: int  # sequences per forward/backward (memory only: the gradient is the same)
+    optimizer_steps: int = 1  # mini-batches x ppo epochs
 
 
 def kept_per_group(alg, progress: float = 0.0) -> int:
@@ -36,9 +47,69 @@ def plan(alg, prompts: int, micro_batch_size: int, progress: float = 0.0) -> Ste
     keep = kept_per_group(alg, progress)
     rows = prompts * keep
     micro = prompts * alg.m if alg.grad_accum else micro_batch_size
-    return StepPlan(keep, rows, max(1, min(micro, micro_batch_size, rows)))
+    steps = len(mini_batch_bounds(rows, alg.mini_batch_size)) * alg.ppo_epochs
+    return StepPlan(keep, rows, max(1, min(micro, micro_batch_size, rows, alg.mini_batch_size or rows)), steps)
+
+
+def mini_batch_bounds(rows: int, size: int | None, groups: list[int] | None = None) -> list[tuple[int, int]]:
+    """The (start, stop) rows of each optimizer step's mini-batch: consecutive chunks of ``size`` rows (the last may
+    be shorter; ``size`` None = one chunk of all). Every rank has the same row count, so the same number of chunks
+    (ZeRO-3 lockstep). ``groups`` (the prompt group of each row, for a loss that normalises per group: bnpo): every
+    cut must fall between two groups, else ValueError (the schema asks for a multiple of m)."""
+    size = size or rows or 1
+    bounds = [(lo, min(lo + size, rows)) for lo in range(0, rows, size)] or [(0, 0)]
+    if groups is not None and any(groups[hi - 1] == groups[hi] for _, hi in bounds[:-1]):
+        raise ValueError(f"algorithm.mini_batch_size={size} splits a prompt group, which loss_agg 'bnpo' normalises as a whole")
+    return bounds
+
+
+def step_lr(optim, progress: float, progress_next: float):
+    """The learning rate as a function of f in [0, 1), the fraction of this rollout step's optimizer steps done: the
+    schedule at ``progress + f (progress_next - progress)`` (the next step's progress by steps; by time it is not
+    known in advance and the LR stays at this step's). ``optim``: the optim section."""
+    schedule = SCHEDULES.get(optim.schedule)
+    return lambda f: optim.lr * schedule(progress + f * (progress_next - progress), optim.warmup_ratio)
 
 
 def largest_micro_batch(alg, prompts: int, micro_batch_size: int) -> int:
     """The largest micro-batch of the run (its memory peak): the plan at both ends of a ramp."""
     return max(plan(alg, prompts, micro_batch_size, p).micro_batch for p in (0.0, 1.0))
+
+
+def select_rows(alg, rewards: Tensor, keep: int, *, generator: torch.Generator | None = None, dist=None) -> tuple[Tensor, Tensor]:
+    """Down-sampling and advantages of one step (``alg``: the algorithm section; ``rewards: [G, n]``, this rank's).
+
+    Returns ``(kept, advantages)``: ``kept`` as ``kept_rows`` gives it (``LongTensor[K]``) and ``advantages: [G * n]``
+    float32, one per rollout of this rank, meaningful on the kept ones. PODS/GRPO (``advantage_scope: kept``): the
+    advantages of each group's kept rollouts, normalised over those (0 elsewhere); D3S (``group``): the full group's
+    advantages, which the rule reads, not re-normalised after selection.
+    """
+    advantage = ADVANTAGES.get(alg.advantage)
+    G, n = rewards.shape
+    if alg.advantage_scope == "group":
+        group_adv = advantage(rewards)
+        return downsample.kept_rows(alg.rule, group_adv, keep, generator=generator, dist=dist, alg=alg), group_adv.flatten().float()
+    kept = downsample.kept_rows(alg.rule, rewards, keep, generator=generator, dist=dist, alg=alg)
+    adv = torch.zeros(G * n, dtype=torch.float32)
+    adv[kept] = advantage(rewards.flatten()[kept].view(G, keep)).float().flatten()
+    return kept, adv
+
+
+def take_rows(rule: str, kept: Tensor, dist, **fields: list) -> dict[str, list]:
+    """The entries of the rows this rank trains, for every per-rollout list in ``fields`` (each one entry per rollout
+    of this rank, in row order: prompt ids, completion ids, advantages...).
+
+    A per-rank rule: the entries at ``kept``. An ``across_ranks`` rule: ``kept`` indexes every rank's rows (the
+    same on every rank); rank r trains the r-th of W equal slices of it, so every rank publishes its rows that are
+    kept (gathered on rank 0, then broadcast) and takes its slice, in ascending global order. Every rank trains
+    ``len(kept) / W`` rows, as many as a per-rank rule gives it.
+    """
+    if not downsample.across_ranks(rule) or dist is None or dist.world == 1:
+        idx = kept.tolist()
+        return {k: [v[i] for i in idx] for k, v in fields.items()}
+    rows = len(next(iter(fields.values())))  # this rank's rollouts (the same number on every rank)
+    per, lo = kept.numel() // dist.world, dist.rank * rows
+    own = {i: {k: v[i - lo] for k, v in fields.items()} for i in kept.tolist() if lo <= i < lo + rows}
+    published = {i: row for part in dist.broadcast(dist.gather_object(own)) for i, row in part.items()}
+    mine = kept[dist.rank * per : (dist.rank + 1) * per].tolist()
+    return {k: [published[i][k] for i in mine] for k in fields}

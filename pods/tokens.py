@@ -3,8 +3,10 @@
 A correction (``algorithm.correction``) re-weights or masks tokens because the sampler was not the dense
 policy (Sparse-RL); a token selector (``algorithm.token_rule``) keeps a subset of the completion tokens
 (D3S). Both edit ``batch.loss_mask`` ([B, C], 1 = the token enters the loss) and ``batch.token_weights``
-([B, C] or None = all ones) in place and return metrics for the step's row. The loss normalisers are taken
-from ``batch.loss_mask`` after this stage, over the whole step (all micro-batches, all ranks).
+([B, C] or None = all ones; ``batch.weight_norm_mask`` to have the update normalise them per micro-batch) in
+place and return metrics for the step's row. The loss normalisers are taken from ``batch.loss_mask`` after this
+stage, over each optimizer step's rows (all micro-batches, all ranks). A step with no token left keeps nothing and
+trains nothing (no optimizer step).
 
 A function says what it reads by attributes: ``needs_stats = True`` makes the loop run the no-grad
 pre-pass ``backend.policy_stats`` (dense current-policy log-probs, which also become ``batch.old_logprobs``),

@@ -148,7 +148,7 @@ def test_sparse_rl_weights_with_the_defaults_dict():
     assert isinstance(DEFAULTS, dict) and defaults(SparseRl) == DEFAULTS
     # the released thresholds (slime mis.yaml / mis.py) and pods' normaliser, docs/sparse-rl.md's table
     want = {"veto": 1e-4, "band_low": 0.5, "band_high": 1.5, "cap": 1.5, "log_ratio_clamp": 20.0, "weight_norm": "valid"}
-    assert DEFAULTS == {**want, "norm_scope": "step"}
+    assert {**want, "norm_scope": "step"} == DEFAULTS
     mask, w, stats = sparse_rl_weights(*_mismatch(), DEFAULTS)
     # row 0: 0.4 is outside [0.5, 1.5] -> masked; row 1: 1e-5 < veto 1e-4 -> the whole sequence dropped
     assert mask.tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]

@@ -135,7 +135,7 @@ def test_kept_rows_passes_the_rules_options_from_the_algorithm_section():
 def test_select_rows_scopes():
     """``kept`` scope: advantages normalised over each group's kept rollouts (0 elsewhere); ``group`` scope: the
     full group's, for every rollout."""
-    from pods.downsample import select_rows, take_rows
+    from pods.step import select_rows, take_rows
 
     rewards = reward_rows(4, 3, 5)
     kept, adv = select_rows(complete(Algorithm, rule="max_reward", n=5, m=2, advantage_scope="kept"), rewards, 2)

@@ -262,7 +262,8 @@ def test_bad_m_and_shape(name):
 
 
 def test_registry():
-    assert RULES.names() == sorted(RULE_NAMES + ["d3s_cross", "d3s_intra"])  # D3S's rules live in pods.d3s
+    d3s_rules = ["d3s_cross", "d3s_cross_step", "d3s_intra", "d3s_two_stage"]  # D3S's rules live in pods.d3s
+    assert RULES.names() == sorted(RULE_NAMES + d3s_rules)
     for name in RULE_NAMES:
         assert RULES.get(name) is getattr(ds, name)
     with pytest.raises(ValueError, match="max_variance"):

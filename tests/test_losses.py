@@ -136,20 +136,24 @@ def test_bnpo_seq_mean_token_mean_differ_on_a_hand_example():
 
 
 class _LinearPolicy:
-    """A real differentiable policy for Backend.update: log p = theta * (token feature), one parameter."""
+    """A real differentiable policy for Backend.update: log p = theta * (token feature), one parameter; the reference
+    policy's log-probs are 0 (the KL term's)."""
 
-    def __init__(self):
+    def __init__(self, **alg):
         from pods.backends.base import Updater
 
         class B(Updater):  # the update's hooks only (no model, no plug-in)
             def __init__(s):
-                s.alg = complete(Algorithm, policy_loss="clipped", loss_agg="bnpo", epsilon=0.2, beta=0.0)
+                s.alg = complete(Algorithm, **{"policy_loss": "clipped", "loss_agg": "bnpo", "epsilon": 0.2, "beta": 0.0, **alg})
                 s.micro_batch_size = 1
                 s.temperature = 1.0
                 s.theta = torch.tensor(0.3, requires_grad=True)
 
             def forward_logprobs(s, mb):
                 return s.theta * mb.sampler_logprobs
+
+            def ref_logprobs(s, mb):
+                return torch.zeros_like(mb.sampler_logprobs)
 
             def backward(s, loss):
                 loss.backward()
@@ -260,3 +264,76 @@ def test_gspo_needs_the_mask():
     logp, old, adv, _ = _gspo_case()
     with pytest.raises(ValueError, match="mask"):
         POLICY_LOSSES.get("gspo")(logp, old, adv, 0.2, 0.2)
+
+
+def _linear_batch(old_shift: float = 0.0):
+    """5 rows of 1-4 loss tokens with features in (-1, 0]; old log-probs = the current ones + ``old_shift`` x row."""
+    from pods.backends.base import TrainBatch
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1.0] * n + [0.0] * (4 - n) for n in [3, 1, 2, 4, 2]])
+    feats = -torch.rand(5, 4, generator=gen) * mask
+    batch = TrainBatch(torch.zeros(5, 6, dtype=torch.long), torch.ones(5, 6), 2, mask, torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0]), feats)
+    batch.old_logprobs = (0.3 * feats + old_shift * torch.arange(5.0).unsqueeze(1) * 0.01) * mask
+    return batch
+
+
+@pytest.mark.parametrize("name", ["gspo", "gspo_token"])
+@pytest.mark.parametrize("mbs", [1, 2, 3])
+def test_gspo_is_exact_under_gradient_accumulation(name, mbs):
+    """Backend.update with GSPO (old log-probs off the current ones, so ratios differ from 1 and some sequences clip)
+    gives the one-batch loss and gradient in micro-batches of 1, 2 or 3 rows, and the loss is GSPO's formula."""
+    runs = {}
+    for size in (5, mbs):
+        pol = _LinearPolicy(policy_loss=name, loss_agg="seq_mean", epsilon=0.003, epsilon_high=0.004).backend
+        out = pol.update(_linear_batch(old_shift=1.0), lr=0.0, micro_batch_size=size)
+        runs[size] = (out["loss"], out["grad_norm"], out["clip_frac"])
+    assert runs[mbs][0] == pytest.approx(runs[5][0], rel=1e-6) and runs[mbs][1] == pytest.approx(runs[5][1], rel=1e-6)
+    assert 0 < runs[5][2] < 1  # some sequences clipped, some not
+    b = _linear_batch(old_shift=1.0)
+    log_s = ((0.3 * b.sampler_logprobs - b.old_logprobs) * b.loss_mask).sum(1) / b.loss_mask.sum(1)
+    s = torch.exp(log_s)
+    per_seq = -torch.minimum(s * b.advantages, s.clamp(1 - 0.003, 1 + 0.004) * b.advantages)
+    assert runs[5][0] == pytest.approx(float(per_seq.mean()), rel=1e-6)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_kl_weighting_and_clamp_hand_values(weighted):
+    """beta 0.5, k3 clamped to 10, token weights w: per token pg w + beta kl (kl_weighted false: Sparse-RL's
+    release) or (pg + beta kl) w; the ratio is 1 (old = current), so pg = -A. A token with logp = -12 has
+    k3 = e^12 - 13 > 10: clamped, so its KL adds 0.5 x 10 and no gradient."""
+    b = _linear_batch()
+    b.sampler_logprobs[3, 0] = -40.0  # logp = 0.3 x -40 = -12
+    b.old_logprobs = None
+    w = torch.linspace(0.5, 1.5, 20).view(5, 4) * b.loss_mask
+    b.token_weights = w
+    pol = _LinearPolicy(loss_agg="seq_mean", beta=0.5, kl_clamp=10.0, kl_weighted=weighted).backend
+    out = pol.update(b, lr=0.0)
+    logp = 0.3 * b.sampler_logprobs
+    kl = (torch.exp(-logp) + logp - 1).clamp(-10, 10)
+    pg = -b.advantages.unsqueeze(1).expand(5, 4)
+    per_tok = (pg + 0.5 * kl) * w if weighted else pg * w + 0.5 * kl
+    expected = ((per_tok * b.loss_mask).sum(1) / b.loss_mask.sum(1)).mean()
+    assert out["loss"] == pytest.approx(float(expected), rel=1e-6)
+    assert kl[3, 0] == 10.0
+
+
+def test_per_micro_batch_weight_normaliser_hand_values():
+    """``weight_norm_mask`` set (Sparse-RL's ``norm_scope: micro_batch``): each micro-batch divides the weights by
+    their mean over that mask in it, so with one row per micro-batch every row's weights average 1 over its mask
+    (the released per-call normaliser), and the loss differs from the one-batch normalisation."""
+    losses = {}
+    for size in (5, 1):
+        b = _linear_batch()
+        b.old_logprobs = None
+        b.token_weights = torch.linspace(0.5, 1.5, 20).view(5, 4) * b.loss_mask
+        b.weight_norm_mask = b.loss_mask.clone()
+        pol = _LinearPolicy(loss_agg="seq_mean").backend
+        losses[size] = pol.update(b, lr=0.0, micro_batch_size=size)["loss"]
+    b = _linear_batch()
+    w = torch.linspace(0.5, 1.5, 20).view(5, 4) * b.loss_mask
+    m, pg = b.loss_mask, -b.advantages.unsqueeze(1)
+    per_row = [(pg[i] * w[i] / ((w[i] * m[i]).sum() / m[i].sum()) * m[i]).sum() / m[i].sum() for i in range(5)]
+    assert losses[1] == pytest.approx(float(sum(per_row) / 5), rel=1e-6)
+    whole = (pg * w / ((w * m).sum() / m.sum()) * m).sum(1) / m.sum(1)
+    assert losses[5] == pytest.approx(float(whole.mean()), rel=1e-6) and losses[5] != pytest.approx(losses[1], rel=1e-3)

@@ -61,6 +61,17 @@ def test_weight_norm_all_and_none_and_clamp():
     assert w_valid[0].tolist() == pytest.approx([1 / 0.75, 0.5 / 0.75, 1.5 / 0.75])
 
 
+def test_released_normaliser_is_left_to_each_micro_batch():
+    """``weight_norm: all, norm_scope: micro_batch`` (the release): the correction leaves the capped weights as they are
+    and hands the update the ORIGINAL mask to normalise each micro-batch over (tests/test_losses.py checks that step)."""
+    batch, dense = _batch_with_ratios([[1.0, 2.0, 0.8], [1.0, 1e-5, 1.0], [1.2, 0.4]])
+    original = batch.loss_mask.clone()
+    alg = complete(Algorithm, correction="sparse_rl", sparse_rl={**DEFAULTS, "weight_norm": "all", "norm_scope": "micro_batch"})
+    CORRECTIONS.get("sparse_rl")(batch, StepContext(alg=alg, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense)))
+    assert torch.equal(batch.weight_norm_mask, original) and batch.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [1, 0, 0]]
+    assert batch.token_weights[0].tolist() == pytest.approx([1.0, 1.5, 0.8])  # min(r, 1.5), not divided
+
+
 def test_registered_with_stats_request():
     assert CORRECTIONS.get("sparse_rl") is sparse_rl and sparse_rl.needs_stats
 

@@ -26,6 +26,7 @@ from pods.progress import bar
 from pods.registry import Registry
 from pods.schema import Algorithm, Hardware, Model, Optim, Root, Sampling
 from pods.schema import check as typed
+from pods.step import mini_batch_bounds
 
 __all__ = [  # the batch's names are public here too (``pods.backends.base.build_batch``)
     "BACKENDS",
@@ -121,45 +122,76 @@ class Updater:
         lp = torch.cat([p.logprobs.float().cpu() for p in parts])
         return TokenStats(lp, torch.cat([p.entropy.float().cpu() for p in parts]) if entropy else None)
 
-    def update(self, batch: TrainBatch, lr: float, micro_batch_size: int | None = None, progress: bool = False) -> dict:
-        """One optimizer step per ppo epoch over the whole batch; returns the step's statistics."""
+    def update(self, batch: TrainBatch, lr, micro_batch_size: int | None = None, progress: bool = False) -> dict:
+        """The step's optimizer steps: one per mini-batch (``algorithm.mini_batch_size`` rows, ``pods.step``) per
+        ``ppo_epochs`` pass; returns the step's statistics. ``lr``: a number, or the LR as a function of the fraction
+        of the step's optimizer steps done (``pods.step.step_lr``). With several optimizer steps the old log-probs
+        are fixed before the first (the correction's dense pre-pass, or one here), so the clipped ratio and the
+        correction act across the later ones."""
+        a = self.alg
+        groups = batch.group.tolist() if batch.group is not None and a.loss_agg == "bnpo" else None
+        bounds = mini_batch_bounds(len(batch), a.mini_batch_size, groups)
+        total = a.ppo_epochs * len(bounds)
+        if total > 1 and batch.old_logprobs is None:
+            batch.old_logprobs = self.policy_logprobs(batch)  # the behaviour policy, fixed across the optimizer steps
+        lr_at = lr if callable(lr) else (lambda f: lr)
+        done = []
+        for i in range(total):
+            lo, hi = bounds[i % len(bounds)]
+            done.append(self._optimizer_step_on(batch.rows(lo, hi), lr_at(i / total), micro_batch_size, progress))
+        steps = [d for d in done if d is not None]
+        tokens = max(sum(d["tokens"] for d in steps), 1.0)
+        return {
+            "loss": sum(d["loss"] for d in steps) / max(len(steps), 1),
+            "kl": sum(d["kl"] for d in steps) / tokens,
+            "clip_frac": sum(d["clip_frac"] for d in steps) / tokens,
+            "grad_norm": steps[-1]["grad_norm"] if steps else 0.0,
+            "lr": steps[-1]["lr"] if steps else lr_at(0.0),
+            "optimizer_steps": len(steps),
+        }
+
+    def _optimizer_step_on(self, batch: TrainBatch, lr: float, micro_batch_size: int | None, progress: bool) -> dict | None:
+        """One optimizer step on ``batch`` (a mini-batch), accumulated over micro-batches with its normalisers over all
+        ranks; None, and no step at all, when no rank has a token in the loss (nothing to train: a step whose every
+        sequence a correction rejected). Returns sums: loss, kl and clipped tokens, tokens, the grad norm, the LR."""
         a = self.alg
         loss_fn, agg = POLICY_LOSSES.get(a.policy_loss), AGGREGATIONS.get(a.loss_agg)
-        eps_low = a.epsilon
-        eps_high = a.epsilon_high or eps_low
-        beta = a.beta
         n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
-        if hasattr(agg, "prepare"):  # per-row normalisers over the whole step (bnpo's per-group token counts)
+        if n_tokens == 0:
+            return None
+        if hasattr(agg, "prepare"):  # per-row normalisers over the optimizer step (bnpo's per-group token counts)
             agg.prepare(batch, self)
-        if a.ppo_epochs > 1 and batch.old_logprobs is None:
-            batch.old_logprobs = self.policy_logprobs(batch)  # fixed behaviour policy across epochs
-        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-        grad_norms = []
-        for _ in range(a.ppo_epochs):
-            for mb in bar(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
-                logp = self.forward_logprobs(mb)
-                old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-                per_tok, clipped = loss_fn(logp, old, mb.advantages, eps_low, eps_high)
-                if beta > 0:
-                    kl = k3_kl(logp, self.ref_logprobs(mb))
-                    per_tok = per_tok + beta * kl
-                    sums["kl"] += float((kl.detach() * mb.loss_mask).sum())
-                if mb.token_weights is not None:
-                    per_tok = per_tok * mb.token_weights
-                loss = agg(per_tok, mb.loss_mask, n_seqs, n_tokens)
-                self.backward(loss)
-                sums["loss"] += float(loss.detach())
-                sums["clip_frac"] += float((clipped.float() * mb.loss_mask).sum())
-            grad_norms.append(self.optimizer_step(lr))
-        epochs = a.ppo_epochs
-        denom = max(n_tokens, 1) * epochs
-        return {
-            "loss": sums["loss"] / epochs,
-            "kl": sums["kl"] / denom,
-            "clip_frac": sums["clip_frac"] / denom,
-            "grad_norm": grad_norms[-1],
-            "lr": lr,
-        }
+        sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "tokens": n_tokens, "lr": lr}
+        for mb in bar(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
+            logp = self.forward_logprobs(mb)
+            old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+            per_tok, clipped = loss_fn(logp, old, mb.advantages, a.epsilon, a.epsilon_high or a.epsilon, mask=mb.loss_mask)
+            kl = k3_kl(logp, self.ref_logprobs(mb), a.kl_clamp) if a.beta > 0 else None
+            per_tok = self._weighted(per_tok, kl, mb)
+            loss = agg(per_tok, mb.loss_mask, n_seqs, n_tokens)
+            self.backward(loss)
+            sums["loss"] += float(loss.detach())
+            sums["clip_frac"] += float((clipped.float() * mb.loss_mask).sum())
+            sums["kl"] += float((kl.detach() * mb.loss_mask).sum()) if kl is not None else 0.0
+        sums["grad_norm"] = self.optimizer_step(lr)
+        return sums
+
+    def _weighted(self, pg: torch.Tensor, kl: torch.Tensor | None, mb: TrainBatch) -> torch.Tensor:
+        """The per-token loss [B, C]: the policy loss ``pg`` times the correction's weights ``w`` (normalised here per
+        micro-batch when ``mb.weight_norm_mask`` is set), plus beta x ``kl`` (weighted too unless
+        ``algorithm.kl_weighted`` is false), all times the aggregation's factor ``mb.agg_weights``."""
+        a, w = self.alg, mb.token_weights
+        if w is not None and mb.weight_norm_mask is not None:
+            m = mb.weight_norm_mask
+            mean = float((w * m).sum()) / max(float(m.sum()), 1.0)
+            w = w / mean if float(m.sum()) > 0 and mean > 1e-8 else w  # the release skips a mean below 1e-8
+        if kl is None:
+            per_tok = pg if w is None else pg * w
+        elif w is None or a.kl_weighted:
+            per_tok = pg + a.beta * kl if w is None else (pg + a.beta * kl) * w
+        else:
+            per_tok = pg * w + a.beta * kl
+        return per_tok if mb.agg_weights is None else per_tok * mb.agg_weights
 
 
 @dataclass(frozen=True)

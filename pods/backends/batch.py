@@ -59,9 +59,11 @@ class TrainBatch:
     loss_mask: torch.Tensor  # [B, C] float, 1 on completion tokens that enter the loss
     advantages: torch.Tensor  # [B]
     sampler_logprobs: torch.Tensor  # [B, C], 0 on padding
-    token_weights: torch.Tensor | None = None  # [B, C]
+    token_weights: torch.Tensor | None = None  # [B, C]: a correction's importance weights (the policy loss; KL: kl_weighted)
     old_logprobs: torch.Tensor | None = None  # [B, C]; None = the current policy's (detached)
     group: torch.Tensor | None = None  # [B] long: the prompt group of each row (rows of one group share a prompt)
+    agg_weights: torch.Tensor | None = None  # [B, 1] or [B, C]: the aggregation's factor (bnpo), on the whole loss
+    weight_norm_mask: torch.Tensor | None = None  # [B, C]: set = token_weights divided per micro-batch by their mean here
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -5,7 +5,15 @@ Registering a new dataset/grader/recipe = one decorated function in a module lis
 
 from pods.tasks.base import DATASETS, GRADERS, RECIPES, Example, Score, TaskData, encode_prompts, score_batch
 
-_MODULES = ["pods.tasks.toy", "pods.tasks.toy_long", "pods.tasks.graders", "pods.tasks.recipes", "pods.tasks.gsm8k", "pods.tasks.mathds", "pods.tasks.simplerl"]
+_MODULES = [
+    "pods.tasks.toy",
+    "pods.tasks.toy_long",
+    "pods.tasks.graders",
+    "pods.tasks.recipes",
+    "pods.tasks.gsm8k",
+    "pods.tasks.mathds",
+    "pods.tasks.simplerl",
+]
 
 
 def load_builtin() -> None:
