@@ -28,8 +28,9 @@ def rescore(rows: list[dict], k: int) -> tuple[float, float]:
     return avg, sum(subset_hits) / len(subset_hits)
 
 
-def test_pods_eval_on_a_toy_suite_and_samples_rescore_to_the_summary(tiny_dir, tmp_path):
-    assert main([str(tiny_dir), "--suite", "toy", "suite.samples=4", *SMALL, "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_pods_eval_on_a_toy_suite_and_samples_rescore_to_the_summary(tiny_dir, tmp_path, engine):
+    assert main([str(tiny_dir), "--suite", "toy", "suite.samples=4", *SMALL, "--engine", engine, "--out", str(tmp_path)]) == 0
     out = tmp_path / "eval" / "toy"
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "samples.jsonl").open()]
