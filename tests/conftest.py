@@ -29,14 +29,11 @@ SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
 
 
 def compose(overrides: list[str] | None = None, name: str = "config") -> dict:
-    """Compose the real config tree with overrides and resolve it to the plain dict ``train`` takes."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    """Compose the real config tree with overrides and resolve it to the plain dict ``train`` takes (the package's
+    one composition path, ``pods.compose.compose_plain``)."""
+    from pods.compose import compose_plain
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose(config_name=name, overrides=overrides or [], return_hydra_config=False)
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return compose_plain(overrides, config_name=name)
 
 
 def shrink(cfg: dict, steps: int = 2) -> dict:
