@@ -32,9 +32,9 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
-def _head_chunk(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+def _head_chunk(project, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
     """One chunk of rows: hidden [N, H], targets [N] -> (logp [N], entropy [N] or an empty tensor)."""
-    z = head(hidden).float() / temperature  # [N, V]: the only vocabulary-sized tensors live here
+    z = project(hidden).float() / temperature  # [N, V]: the only vocabulary-sized tensors live here
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not entropy:
@@ -44,35 +44,54 @@ def _head_chunk(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: 
     return logp, ent
 
 
+def _chunk_loop(project, flat_h: torch.Tensor, flat_y: torch.Tensor, temperature: float, size: int, entropy: bool):
+    """``_head_chunk`` over ``size`` rows at a time (checkpointed under grad when there are several chunks)."""
+    from torch.utils.checkpoint import checkpoint
+
+    n = flat_h.shape[0]
+    grad = torch.is_grad_enabled() and flat_h.requires_grad and size < n
+    lps, ents = [], []
+    for start in range(0, n, max(size, 1)):
+        args = (project, flat_h[start : start + size], flat_y[start : start + size], temperature, entropy)
+        lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps), torch.cat(ents)
+
+
 def chunked_token_stats(
     head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_tokens: int | None = None, entropy: bool = False
 ):
     """Token log-probs (and entropies) from the final hidden states without materialising [B, T, V] logits.
 
-    head: the output projection (``lm_head``, called as a module so that ZeRO-3 gathers its weight);
-    hidden [B, T, H] (after the final norm), targets [B, T]. Rows are processed ``chunk_tokens`` at a time;
-    with grad enabled each chunk is checkpointed, so forward AND backward hold at most one chunk of fp32
-    logits (chunk_tokens x V x 4 bytes, plus softmax/grad copies of that size) instead of B x T x V.
-    ``chunk_tokens`` None or 0 = one chunk (equal to the unchunked computation).
+    head: the output projection (``lm_head``); hidden [B, T, H] (after the final norm), targets [B, T]. Rows are
+    processed ``chunk_tokens`` at a time; with grad enabled each chunk is checkpointed, so forward AND backward hold
+    at most one chunk of fp32 logits (chunk_tokens x V x 4 bytes, plus softmax/grad copies of that size) instead of
+    B x T x V. ``chunk_tokens`` None or 0 = one chunk (equal to the unchunked computation).
+
+    The head MODULE is called once for all chunks (its own forward runs per chunk inside that call, and again in each
+    chunk's recompute): module hooks run once, so DeepSpeed ZeRO-3 gathers the partitioned head weight once for the
+    whole loop in the forward and once in the backward, whatever the number of chunks, and the module order it traces
+    does not depend on the number of chunks (tests/test_deepspeed_chunks_on_cpu.py; docs/memory.md).
     Returns (logp [B, T] float32, entropy [B, T] float32 without grad, or None).
     """
     B, T, H = hidden.shape
-    flat_h, flat_y = hidden.reshape(B * T, H), targets.reshape(B * T)
     size = int(chunk_tokens) if chunk_tokens else B * T
-    grad = torch.is_grad_enabled() and hidden.requires_grad
-    lps, ents = [], []
-    for start in range(0, B * T, max(size, 1)):
-        h, y = flat_h[start : start + size], flat_y[start : start + size]
-        if grad and size < B * T:
-            from torch.utils.checkpoint import checkpoint
+    own = head.__dict__.get("forward")  # a forward installed on the instance (accelerate's hooks), kept as the projection
+    project = head.forward
 
-            lp, ent = checkpoint(_head_chunk, head, h, y, temperature, entropy, use_reentrant=False)
+    def all_chunks(flat_h, flat_y):
+        return _chunk_loop(project, flat_h, flat_y, temperature, size, entropy)
+
+    head.forward = all_chunks  # this call's forward only: __call__ runs the module's hooks around the whole loop
+    try:
+        logp, ent = head(hidden.reshape(B * T, H), targets.reshape(B * T))
+    finally:
+        if own is None:
+            del head.forward
         else:
-            lp, ent = _head_chunk(head, h, y, temperature, entropy)
-        lps.append(lp)
-        ents.append(ent)
-    logp = torch.cat(lps).view(B, T)
-    return logp, (torch.cat(ents).view(B, T) if entropy else None)
+            head.forward = own
+    return logp.view(B, T), (ent.view(B, T) if entropy else None)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = None) -> torch.Tensor:

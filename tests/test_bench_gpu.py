@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import needs_vllm_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_gpu.py"
@@ -136,6 +137,7 @@ def test_cpu_mode_in_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@needs_vllm_kernels
 def test_cpu_mode_as_make_runs_it_with_vllm(tmp_path):
     pytest.importorskip("vllm")
     d = run(tmp_path, "--device", "cpu")

@@ -8,6 +8,7 @@ import itertools
 import json
 
 import pytest
+from harness import needs_vllm_kernels
 
 from pods.evals.cli import main
 from pods.tasks.toy import grade_toy
@@ -28,7 +29,7 @@ def rescore(rows: list[dict], k: int) -> tuple[float, float]:
     return avg, sum(subset_hits) / len(subset_hits)
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[pytest.mark.slow, needs_vllm_kernels])])
 def test_pods_eval_on_a_toy_suite_and_samples_rescore_to_the_summary(tiny_dir, tmp_path, engine):
     assert main([str(tiny_dir), "--suite", "toy", "suite.samples=4", *SMALL, "--engine", engine, "--out", str(tmp_path)]) == 0
     out = tmp_path / "eval" / "toy"

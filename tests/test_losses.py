@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from harness import max_gap, within
 
 from pods.advantages import ADVANTAGES
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, token_logprobs
@@ -99,9 +100,12 @@ def test_chunked_token_stats_equal_the_full_logits_path_values_and_gradients(chu
     hidden.grad, head.weight.grad = None, None
     lp, ent = chunked_token_stats(head, hidden, targets, 0.7, chunk_tokens=chunk, entropy=True)
     lp.sum().backward()
-    assert torch.allclose(lp, ref_lp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
+    # 1e-5: chunking changes the matmul's blocking; measured max 1.9e-6 (log-probs) and 2.4e-6 (gradients, DEFAULT kernels)
+    # over the chunk sizes under DEFAULT/AVX2/AVX-512 (make test-isa, docs/numerics.md), about float32 eps x |logit| x 10
+    within(max(max_gap(lp, ref_lp), max_gap(ent, ref_ent)), 1e-5, f"chunked head ({chunk} rows) vs full logits")
     assert not ent.requires_grad
-    assert torch.allclose(hidden.grad, ref_grads[0], atol=1e-6) and torch.allclose(head.weight.grad, ref_grads[1], atol=1e-6)
+    grad_gap = max(max_gap(hidden.grad, ref_grads[0]), max_gap(head.weight.grad, ref_grads[1]))
+    within(grad_gap, 1e-5, f"chunked head ({chunk} rows) vs full logits, gradients")
 
 
 def test_token_entropy_hand_values():
@@ -255,8 +259,9 @@ def test_gspo_token_has_gspo_values_and_gradients_with_one_advantage_per_sequenc
         AGGREGATIONS.get("seq_mean")(loss, mask, 4, int(mask.sum())).backward()
         grads.append(logp.grad)
         values.append((loss * mask, clipped & (mask > 0)))
-    assert torch.allclose(values[0][0], values[1][0], atol=1e-6) and torch.equal(values[0][1], values[1][1])
-    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+    within(max_gap(values[0][0], values[1][0]), 1e-6, "gspo vs gspo_token loss")
+    assert torch.equal(values[0][1], values[1][1])
+    within(max_gap(grads[0], grads[1]), 1e-7, "gspo vs gspo_token gradient")
     assert values[0][1].any() and not values[0][1].all()  # some sequences clipped, some not: both branches tested
 
 

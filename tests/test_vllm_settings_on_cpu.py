@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from harness import needs_vllm_kernels
 
 from conftest import compose, shrink
 from pods.config import ConfigError, validate
@@ -59,6 +60,7 @@ def test_seeded_requests_get_their_own_streams():
 
 
 @pytest.mark.slow
+@needs_vllm_kernels
 def test_default_run_with_vllm_evaluates_200_prompts_x_4(tmp_path):
     """The default experiment with rollout=vllm, its default evaluation (200 prompts x 4 samples, one seed) at the
     start and the end: before the CPU engine prefilled whole prompts this died in vLLM's engine with "CPU Generator
