@@ -23,8 +23,10 @@ with small sizes (``tests/test_bench_gpu.py``), so it is known to work before it
    is the configured one with a probe around ``update``: before the step it scores the step's rollouts with the
    trainer (``gap_*``: trainer vs the sampler's log-probs, which came from the engine synced after the previous
    step), after the step again (``drift_mean_abs``: what the step moved; a sync that failed would leave a gap of
-   that size; ``t_update`` includes the probe's two no-grad passes). Random-weight models get random +-1 advantages
-   (their rewards are all 0) so every step moves them.
+   that size; ``t_update`` includes the probe's two no-grad passes), beside the update's own ``sampler_gap`` /
+   ``sampler_gap_max`` (``pods.backends.gap``: what every run logs; equal to ``gap_mean_abs`` / ``gap_max_abs``),
+   plotted per step in panel (c) of figure1.png. Random-weight models get random +-1 advantages (their rewards are
+   all 0) so every step moves them.
 
 Sizes and model (defaults: the mode's, above): ``--rollouts 16,32,...`` the generation sweep's batch sizes,
 ``--micro-batches 1,2,4,...`` the update sweep's (the GA point stays at 2x the largest that fit), ``--models tiny``
@@ -34,7 +36,8 @@ on its own task: the toy prompts, completions of ``sampling.max_tokens`` tokens 
 figure1-cpu``) runs it that way and adds the per-step view.
 
 Each measurement runs in its own process (an out-of-memory or a vLLM engine never leaks into the next). Writes
-``<out>/<gpu name | cpu>/``: generation.csv, update.csv, loop.csv, figure1.png, summary.txt; prints the summary.
+``<out>/<gpu name | cpu>/``: generation.csv, update.csv, loop.csv, figure1.png (panels (a), (b) and, with the loop,
+(c) sampler_gap per step), summary.txt; prints the summary.
 Exit code 1 when a phase failed or a log-prob gap is above its tolerance.
 """
 
@@ -65,7 +68,7 @@ QWEN3B, QWEN7B = "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
 MODELS_DIR = Path(os.environ.get("PODS_CACHE", ROOT / ".cache")) / "bench_models"  # not /tmp: often a small RAM disk
 CPU_ARCH = dict(hidden_size=128, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)
 LABELS = {QWEN3B: "qwen2.5-3b", QWEN7B: "qwen2.5-7b", "cpu": "qwen2-cpu", "tiny": "tiny"}
-GAP_TOL = {"float32": 1e-3, "bfloat16": 5e-2}  # mean |sampler - trainer| log-prob per token, after a sync
+GAP_TOL = {"float32": 1e-3, "bfloat16": 5e-2}  # mean |sampler - trainer| log-prob per token, after a sync: pods.backends.gap.AUTO_WARN
 SETTINGS = {  # sizes per mode
     "cuda": dict(
         models=[QWEN3B, QWEN7B], batches=[8, 16, 32, 64, 128, 256, 512], prompt_len=128, completion_len=512, gen_repeats=1,
@@ -440,23 +443,46 @@ def phase_loop(a, out: dict) -> None:
         steps = read_metrics(Path(run_dir) / "metrics.jsonl", "train")
     ft = "lora (4-bit base)" if a.finetune == "lora4bit" else cfg["hardware"]["finetune"]
     keys = ("step", "train_time", "t_generate", "t_update", "t_sync", "reward_mean_all", "loss", "grad_norm", "tokens", "kept",
-            "gap_mean_abs", "gap_max_abs", "gap_mean", "drift_mean_abs")  # fmt: skip
+            "gap_mean_abs", "gap_max_abs", "gap_mean", "drift_mean_abs", "sampler_gap", "sampler_gap_max")  # fmt: skip
     out["rows"] = [{"model": LABELS[a.model], "engine": cfg["rollout"]["name"], "finetune": ft, "dtype": cfg["hardware"]["dtype"],
                     **{k: r[k] for k in keys}} for r in steps]  # fmt: skip
     out["eval_accuracy"] = last.get("accuracy")
 
 
 # ---- the figure: two panels like the paper's Figure 1 ----------------------------------------------------------
-def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict) -> None:
+def gap_panel(ax, loop: list[dict]) -> None:
+    """(c) the update's own ``sampler_gap`` per step of each loop run (solid), against what one step moved the
+    trainer's log-probs (``drift_mean_abs``, dotted: the gap a stale engine would show) and the warning's threshold."""
+    for key in dict.fromkeys((r["model"], r["finetune"]) for r in loop):
+        rows = [r for r in loop if (r["model"], r["finetune"]) == key]
+        steps = [r["step"] for r in rows]
+        (line,) = ax.plot(steps, [r["sampler_gap"] for r in rows], "o-", label=f"{' '.join(key)} ({rows[0]['engine']}, {rows[0]['dtype']})")
+        ax.plot(steps, [r["drift_mean_abs"] for r in rows], ":", color=line.get_color(), alpha=0.7)
+    for dtype in dict.fromkeys(r["dtype"] for r in loop):
+        ax.axhline(GAP_TOL.get(dtype, 5e-2), color="grey", lw=0.8, ls="--")
+        ax.annotate(f"warning above ({dtype})", (0.02, GAP_TOL.get(dtype, 5e-2)), xycoords=("axes fraction", "data"), fontsize=7,
+                    xytext=(0, 3), textcoords="offset points")  # fmt: skip
+    ax.set(yscale="log", xlabel="training step", ylabel="mean |trainer - sampler| log-prob per token")
+    ax.set_title("(c) sampler_gap after each sync (dotted: one step's drift)", fontsize=10)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center right")
+
+
+def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict, loop: list[dict] = ()) -> None:
     """(a) ms per generated token vs rollouts per batch; (b) update memory (solid; CUDA: peak allocated, CPU: peak RSS
-    above the step's start) and seconds per step (dashed, right axis) vs rollouts per micro-batch, GA point starred."""
+    above the step's start) and seconds per step (dashed, right axis) vs rollouts per micro-batch, GA point starred;
+    (c) with loop rows, ``sampler_gap`` per step (``gap_panel``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = plt.subplots(1, 3 if loop else 2, figsize=(18 if loop else 12, 4.6))
+    ax1, ax2 = axes[:2]
+    if loop:
+        gap_panel(axes[2], loop)
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
     for model in dict.fromkeys(r["model"] for r in gen):
         rows = [r for r in gen if r["model"] == model and r["status"] == "ok"]
@@ -557,15 +583,17 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def gap_checks(loop_rows: list[dict]) -> list[dict]:
-    """Per loop run: the largest per-step mean |sampler - trainer| log-prob gap against the dtype's tolerance."""
+    """Per loop run: the largest per-step mean |sampler - trainer| log-prob gap against the dtype's tolerance, as the
+    probe measured it (``gap_mean_abs``) and as the update logs it on every run (``sampler_gap``; the two agree)."""
     out = []
     for key in dict.fromkeys((r["model"], r["finetune"]) for r in loop_rows):
         rows = [r for r in loop_rows if (r["model"], r["finetune"]) == key]
         gap, drift = max(r["gap_mean_abs"] for r in rows), statistics.median(r["drift_mean_abs"] for r in rows)
+        logged = max(r["sampler_gap"] for r in rows)
         tol = GAP_TOL.get(rows[0]["dtype"], 5e-2)
         out.append({"model": key[0], "finetune": key[1], "engine": rows[0]["engine"], "dtype": rows[0]["dtype"], "steps": len(rows),
                     "gap_mean_abs_max": gap, "gap_max_abs_max": max(r["gap_max_abs"] for r in rows), "drift_median": drift,
-                    "tolerance": tol, "ok": gap <= tol, "sync_visible": drift > 2 * gap})  # fmt: skip
+                    "sampler_gap_max": logged, "tolerance": tol, "ok": max(gap, logged) <= tol, "sync_visible": drift > 2 * gap})  # fmt: skip
     return out
 
 
@@ -584,7 +612,8 @@ def summary(info: dict, gen: list[dict], upd: list[dict], checks: list[dict], er
     lines += ["", "loop: sampler/trainer log-prob gap after each sync (max over steps of the per-step mean |diff|)"] if checks else []
     for c in checks:
         lines.append(f"  {c['model']:<10} {c['finetune']:<18} {c['engine']:<5} {c['dtype']:<8} {c['steps']} steps: gap {c['gap_mean_abs_max']:.2e} "
-                     f"(max token {c['gap_max_abs_max']:.2e}), step drift {c['drift_median']:.2e}, tol {c['tolerance']:.0e}: {'OK' if c['ok'] else 'FAIL'}")  # fmt: skip
+                     f"(max token {c['gap_max_abs_max']:.2e}; logged sampler_gap {c['sampler_gap_max']:.2e}), step drift {c['drift_median']:.2e}, "
+                     f"tol {c['tolerance']:.0e}: {'OK' if c['ok'] else 'FAIL'}")  # fmt: skip
     lines += ["", *(f"FAILED: {e}" for e in errors)] if errors else []
     return "\n".join(lines) + "\n"
 
@@ -636,7 +665,7 @@ def measure_all(a, parts: Path) -> int:
     for name, rows in (("generation", gen), ("update", upd), ("loop", loop)):
         write_csv(out_dir / f"{name}.csv", [{"device": info["device_name"], **r} for r in rows])
     weights = "the warm-started tiny model" if s["models"] == ["tiny"] else "random-initialised weights"
-    figure1(gen, upd, out_dir / "figure1.png", f"{info['device_name']}: measured with {weights}", info)
+    figure1(gen, upd, out_dir / "figure1.png", f"{info['device_name']}: measured with {weights}", info, loop)
     text = summary(info, gen, upd, checks, errors)
     (out_dir / "summary.txt").write_text(text)
     print(text, end="")

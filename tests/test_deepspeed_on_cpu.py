@@ -21,16 +21,19 @@ from pathlib import Path
 import pytest
 import torch
 from harness import (
+    NO_VLLM_KERNELS,
     VLLM_ENGINE,
     assert_not_imported,
     assert_two_ranks_equal_one,
     fixed_batch,
     in_one_process,
     logprob_gap,
+    max_gap,
     on_two_ranks,
     torchrun,
     weight_gap,
     weights_of,
+    within,
 )
 
 EQUIV = [
@@ -98,6 +101,8 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
     try:
         import vllm  # noqa: F401
     except ImportError:
+        return None
+    if NO_VLLM_KERNELS:
         return None
     import time
 
@@ -242,7 +247,7 @@ def test_resume_from_sharded_checkpoint_reproduces_the_uninterrupted_run(cli_run
     resumed_3 = read_metrics(base / "resumed" / "metrics.jsonl", "train")[-1]
     assert resumed_3["reward_mean_all"] == straight_3["reward_mean_all"]  # same prompts and rollouts on both ranks
     a, b = load_file(base / "straight" / "final" / "model.safetensors"), load_file(base / "resumed" / "final" / "model.safetensors")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    within(max(max_gap(a[k], b[k]) for k in a), 1e-6, "weights, resumed vs straight (2 ranks)")
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +283,9 @@ def test_two_rank_update_equals_the_single_process_update(worker_run, local_run,
     # the float32 reduction order of the two layouts shows at 3e-5 (grad norm) and 7e-6 (loss), and the weights differ by
     # 2e-6 after moving by 0.2: a wrong gradient scale or a token counted twice is a factor of order 1. The pre-clip
     # global grad norm is the gradient's scale.
-    assert_two_ranks_equal_one(ds, local_run, weights_tol=1e-5, grad_rel=(1e-5, 1e-4), keys=("grad_norm", "loss", "kl"))
+    assert_two_ranks_equal_one(
+        ds, local_run, weights_tol=1e-5, grad_rel=(1e-5, 1e-4), keys=("grad_norm", "loss", "kl", "sampler_gap", "sampler_gap_max")
+    )
     stats = local_run["stats"]
     assert stats[1]["kl"] > 0 and stats[0]["grad_norm"] > 1.0  # step 2 sees the reference; step 1 is clipped to max_grad_norm
     assert weight_gap(local_run["weights"], local_run["start"]) > 0.05, f"{variant}: the two steps barely moved the weights"
@@ -311,16 +318,17 @@ def test_exported_zero3_weights_are_the_trained_model(worker_run, tiny_dir):
     assert set(w) == set(plain.model.state_dict())
     plain.model.load_state_dict(w)
     gap = (plain.policy_logprobs(fixed_batch(7)) - blob["logprobs"]).abs().max().item()
-    assert gap < TOL_LOGP, gap
+    within(gap, TOL_LOGP, "ZeRO-3 shards reloaded into one process, log-probs")
 
 
 @pytest.mark.slow
 def test_exported_zero3_weights_pushed_into_vllm(worker_run):
     res = json.loads((worker_run / "worker.json").read_text())["vllm"]
     if res is None:
-        pytest.skip("vllm is not installed: the HF-model comparison above covers the export")
+        pytest.skip("vllm is not installed or cannot start (ATEN_CPU_CAPABILITY=default): the HF-model comparison above covers the export")
     assert res["stale"] > 10 * TOL_LOGP, "the two steps barely moved the policy: the test could not see a missing sync"
-    assert res["synced"] < TOL_LOGP and res["sync_s"] > 0
+    within(res["synced"], TOL_LOGP, "vLLM after the ZeRO-3 gathered sync (2 ranks)")
+    assert res["sync_s"] > 0
 
 
 if __name__ == "__main__":  # torchrun ... tests/test_deepspeed_on_cpu.py OUT_DIR

@@ -191,6 +191,20 @@ def test_qwen3b_bf16_weights_and_what_grows():
     assert weights == pytest.approx([2 * QWEN3B_PARAMS / n for n in (1, 2, 4, 8)], rel=1e-3)  # the norms stay whole
 
 
+def test_float32_engine_on_the_l40s_costs_its_weights_and_kv_not_the_card():
+    """``rollout.dtype=float32`` (no bf16 merge lag, docs/memory.md): vLLM's weights and KV bytes per token double inside
+    the same reservation (0.5 x 48 GB), so the run still fits and holds fewer 1,024-token sequences at once."""
+    from pods.memory import estimate
+
+    bf16, fp32 = (estimate(compose(["experiment=gsm8k_qwen3b_pods_64_16_l40s", f"rollout.dtype={d}"])) for d in ("bfloat16", "float32"))
+    assert fp32.gb("vLLM weights") * 1e9 == pytest.approx(4 * QWEN3B_PARAMS) and bf16.gb("vLLM weights") * 1e9 == pytest.approx(
+        2 * QWEN3B_PARAMS
+    )
+    assert fp32.gb("vLLM reservation") == bf16.gb("vLLM reservation") == pytest.approx(24.0)
+    assert fp32.fits and fp32.total_gb == pytest.approx(bf16.total_gb)
+    assert fp32.gb("vLLM KV cache") < 0.6 * bf16.gb("vLLM KV cache")  # 9.3 vs 16.2 GB: 124 vs 429 sequences
+
+
 @pytest.mark.slow  # 10-16 s: make test-all
 def test_every_gpu_experiment_fits_its_card():
     """The shipped GPU experiments at their micro-batch sizes. The dense Sparse-RL arm on one L40S with HF generate

@@ -76,6 +76,7 @@ BAD = [
     (("rollout", "max_batchsize"), 3, "rollout.max_batchsize: unknown key; did you mean 'rollout.max_batch'?"),
     (("hardware", "lora"), {"r": 8, "alfa": 8}, "hardware.lora.alfa: unknown key; did you mean 'hardware.lora.alpha'?"),
     (("dataset", "train_size"), 0, "dataset.train_size must be >= 1, got 0"),
+    (("train", "sampler_gap_warn"), 0.0, "train.sampler_gap_warn must be > 0 (or null), got 0.0"),
 ]
 
 

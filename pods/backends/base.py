@@ -5,7 +5,8 @@ entropies of the completion tokens, from the chunked head in ``pods.losses``), `
 ``ref_logprobs(mb)`` (no grad), ``backward(loss)`` and ``optimizer_step(lr) -> grad_norm``, ``update`` turns a
 step's kept rollouts into one (or ``ppo_epochs``) optimizer steps, accumulating gradients over micro-batches with
 the whole batch's normalisers, so micro-batching never changes the gradient. A data-parallel backend also
-overrides ``step_totals`` so that the normalisers are those of the step's batch over all ranks.
+overrides ``step_totals`` so that the normalisers are those of the step's batch over all ranks, and ``gap_totals``
+so that the step's ``sampler_gap`` (``pods.backends.gap``: trainer vs sampler log-probs before the update) is too.
 
 ``Backend`` is a whole plug-in (``BACKENDS``): the update plus the policy it holds (``policy``, ``export_weights``,
 ``save_pretrained``, ``state_dict``), its own rules (``check``, called by ``pods.config.validate``) and the
@@ -16,11 +17,12 @@ sections it reads (``Sections``: model, hardware, algorithm, optim). Adding a ba
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from pods.backends.batch import TokenStats, TrainBatch, build_batch, token_stats
+from pods.backends.gap import GapCheck, add_gap, gap_sums
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
 from pods.progress import bar
 from pods.registry import Registry
@@ -75,6 +77,8 @@ class Updater:
 
     micro_batch_size: int
     device: torch.device = torch.device("cpu")
+    gap_check: GapCheck | None = None  # what the sampler gap measures (pods.backends.gap); None: a plain sync check
+    rank: int = 0
 
     @property
     def alg(self) -> Algorithm:
@@ -104,6 +108,10 @@ class Updater:
         averages gradients over ranks returns the totals over all ranks divided by the world size."""
         return n_seqs, n_tokens
 
+    def gap_totals(self, sums: torch.Tensor) -> torch.Tensor:
+        """``gap_sums`` of this rank's rows -> over all ranks (sum, count summed; max maxed): a data-parallel backend's."""
+        return sums
+
     def micro_batches(self, batch: TrainBatch, size: int | None = None):
         size = size or self.micro_batch_size
         for start in range(0, len(batch), size):
@@ -127,21 +135,26 @@ class Updater:
         ``ppo_epochs`` pass; returns the step's statistics. ``lr``: a number, or the LR as a function of the fraction
         of the step's optimizer steps done (``pods.step.step_lr``). With several optimizer steps the old log-probs
         are fixed before the first (the correction's dense pre-pass, or one here), so the clipped ratio and the
-        correction act across the later ones."""
+        correction act across the later ones. ``sampler_gap`` (``pods.backends.gap``) is measured on the log-probs of
+        the policy before this step's first optimizer step: that pre-pass, or the first optimizer step's forwards."""
         a = self.alg
         groups = batch.group.tolist() if batch.group is not None and a.loss_agg == "bnpo" else None
         bounds = mini_batch_bounds(len(batch), a.mini_batch_size, groups)
         total = a.ppo_epochs * len(bounds)
         if total > 1 and batch.old_logprobs is None:
             batch.old_logprobs = self.policy_logprobs(batch)  # the behaviour policy, fixed across the optimizer steps
+        pre = batch.old_logprobs if total > 1 and batch.old_logprobs is not batch.sampler_logprobs else None
+        gap = gap_sums(pre, batch.sampler_logprobs, batch.loss_mask) if pre is not None else torch.zeros(3, dtype=torch.float64)
         lr_at = lr if callable(lr) else (lambda f: lr)
         done = []
         for i in range(total):
             lo, hi = bounds[i % len(bounds)]
-            done.append(self._optimizer_step_on(batch.rows(lo, hi), lr_at(i / total), micro_batch_size, progress))
+            measure = gap if pre is None and i == 0 else None  # the first step's forwards: the weights the engine has
+            done.append(self._optimizer_step_on(batch.rows(lo, hi), lr_at(i / total), micro_batch_size, progress, measure))
         steps = [d for d in done if d is not None]
         tokens = max(sum(d["tokens"] for d in steps), 1.0)
         return {
+            **(self.gap_check or GapCheck())(self.gap_totals(gap), self.rank),
             "loss": sum(d["loss"] for d in steps) / max(len(steps), 1),
             "kl": sum(d["kl"] for d in steps) / tokens,
             "clip_frac": sum(d["clip_frac"] for d in steps) / tokens,
@@ -150,10 +163,13 @@ class Updater:
             "optimizer_steps": len(steps),
         }
 
-    def _optimizer_step_on(self, batch: TrainBatch, lr: float, micro_batch_size: int | None, progress: bool) -> dict | None:
+    def _optimizer_step_on(
+        self, batch: TrainBatch, lr: float, micro_batch_size: int | None, progress: bool, gap: torch.Tensor | None = None
+    ) -> dict | None:
         """One optimizer step on ``batch`` (a mini-batch), accumulated over micro-batches with its normalisers over all
         ranks; None, and no step at all, when no rank has a token in the loss (nothing to train: a step whose every
-        sequence a correction rejected). Returns sums: loss, kl and clipped tokens, tokens, the grad norm, the LR."""
+        sequence a correction rejected). Returns sums: loss, kl and clipped tokens, tokens, the grad norm, the LR.
+        ``gap``: ``gap_sums`` of the forwards' log-probs vs the sampler's are added to it (the sampler gap)."""
         a = self.alg
         loss_fn, agg = POLICY_LOSSES.get(a.policy_loss), AGGREGATIONS.get(a.loss_agg)
         n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
@@ -164,6 +180,8 @@ class Updater:
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "tokens": n_tokens, "lr": lr}
         for mb in bar(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
             logp = self.forward_logprobs(mb)
+            if gap is not None:
+                add_gap(gap, gap_sums(logp, mb.sampler_logprobs, mb.loss_mask))
             old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
             per_tok, clipped = loss_fn(logp, old, mb.advantages, a.epsilon, a.epsilon_high or a.epsilon, mask=mb.loss_mask)
             kl = k3_kl(logp, self.ref_logprobs(mb), a.kl_clamp) if a.beta > 0 else None
@@ -196,17 +214,19 @@ class Updater:
 
 @dataclass(frozen=True)
 class Sections:
-    """What a backend reads of a run's config: its four sections and the loss's temperature (``loss_temperature``)."""
+    """What a backend reads of a run's config: its four sections, the loss's temperature (``loss_temperature``) and what
+    the sampler gap measures (``pods.backends.gap``)."""
 
     model: Model
     hardware: Hardware
     algorithm: Algorithm
     optim: Optim
     temperature: float = 1.0
+    gap: GapCheck = field(default_factory=GapCheck)  # what the sampler gap measures in this run
 
     @classmethod
     def of(cls, cfg: Root) -> Sections:
-        return cls(cfg.model, cfg.hardware, cfg.algorithm, cfg.optim, loss_temperature(cfg.algorithm, cfg.sampling))
+        return cls(cfg.model, cfg.hardware, cfg.algorithm, cfg.optim, loss_temperature(cfg.algorithm, cfg.sampling), GapCheck.of(cfg))
 
 
 class Backend(Updater, ABC):
@@ -227,6 +247,7 @@ class Backend(Updater, ABC):
         self.model_cfg, self.hw, self.alg, self.optim_cfg = cfg.model, cfg.hardware, cfg.algorithm, cfg.optim
         self.micro_batch_size = cfg.hardware.micro_batch_size
         self.temperature = cfg.temperature
+        self.gap_check = cfg.gap
         self.chunk_tokens = cfg.hardware.logprob_chunk_tokens  # rows per chunk of the loss's log-softmax
 
     @classmethod

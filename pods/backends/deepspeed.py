@@ -155,6 +155,12 @@ class DeepSpeedBackend(Backend):
         world = torch.distributed.get_world_size()
         return float(totals[0]) / world, float(totals[1]) / world
 
+    def gap_totals(self, sums: torch.Tensor) -> torch.Tensor:
+        total, top = sums[:2].to(self.device), sums[2:].to(self.device)
+        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+        return torch.cat([total, top]).cpu()
+
     def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
         self.engine.train()
         return self.token_stats(self.engine, mb, entropy)

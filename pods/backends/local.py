@@ -28,12 +28,14 @@ def dequantise(module: torch.nn.Module) -> torch.Tensor:
 
 def exported_weight(modules: dict, name: str, p: torch.Tensor) -> torch.Tensor:
     """The value vLLM must load for parameter ``name`` (peft naming) of a LoRA model: dequantised when packed,
-    plus every active adapter's ``scale * B @ A`` when its layer is a LoRA target. ``modules``: name -> module."""
+    plus every active adapter's ``scale * B @ A`` when its layer is a LoRA target, summed in float32 and returned in
+    float32: the engine rounds it to its own dtype once (a bf16 sum here would drop every delta under half a bf16 ulp
+    of W even for a float32 engine: results/cpu/merge_lag/). ``modules``: name -> module."""
     owner_name, leaf = name.rsplit(".", 1)
     w = dequantise(modules[owner_name]) if is_quantized(p) else p.detach()
     lora = modules.get(owner_name.removesuffix(".base_layer")) if owner_name.endswith(".base_layer") else None
     if leaf == "weight" and lora is not None and hasattr(lora, "get_delta_weight"):
-        w = sum((lora.get_delta_weight(a).to(w.dtype) for a in lora.active_adapters), w)
+        return sum((lora.get_delta_weight(a).float() for a in lora.active_adapters), w.float())
     return w.to(p.dtype) if p.is_floating_point() else w
 
 

@@ -75,6 +75,13 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
+        """What the sampler gap (``pods.backends.gap``) measures with this engine under ``cfg``: ("sync", "") when its
+        recorded log-probs are the trainer's up to numerics; ("mismatch", why) when they differ by design (logged, never
+        warned about); ("off", why) when they are another quantity (not logged)."""
+        return "sync", ""
+
+    @classmethod
     def memory(cls, cfg: Root, arch: dict, card: float | None) -> EngineMemory:
         """This engine's part of one GPU's memory estimate (``pods.memory``; ``arch``: the model's config.json fields,
         ``card``: GB or None). An engine without a memory model is not estimated (the check logs it and goes on)."""

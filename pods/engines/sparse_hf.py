@@ -79,6 +79,10 @@ class SparseHFEngine(PolicyEngine):
             raise ConfigError(str(e).replace("unknown KV compression method", "rollout.method: unknown KV compression method")) from None
 
     @classmethod
+    def gap_meaning(cls, cfg) -> tuple[str, str]:
+        return "mismatch", "rollout=sparse_hf samples from a compressed KV cache: the gap is the sampler/trainer mismatch by design"
+
+    @classmethod
     def kv_cache(cls, cfg):
         """At most ``max_batch`` sequences per batch, each holding at most max(budget, prompt) tokens."""
         ro = cfg.rollout

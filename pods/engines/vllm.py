@@ -62,6 +62,7 @@ class VLLMEngine(Engine):
         self.in_process = not ro.multiprocessing
         self.llm = build_llm(str(model_dir), ro)
         self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
+        self.dtype = self.llm.llm_engine.vllm_config.model_config.dtype  # pushed tensors are cast to it here, once
         self.asleep = False
         self.last_sync_s = 0.0
 
@@ -104,6 +105,13 @@ class VLLMEngine(Engine):
             f"sampling.top_k={s.top_k} / top_p={s.top_p} with {readers[0] if readers else ''}: vLLM records the log-probs of the "
             "truncated, renormalised distribution, which that reads as the sampler's: set sampling.top_k=-1 and sampling.top_p=1",
         )
+
+    @classmethod
+    def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
+        s = cfg.sampling
+        if s.top_k != -1 or s.top_p < 1:
+            return "off", f"sampling.top_k={s.top_k} / top_p={s.top_p}: vLLM records the truncated, renormalised distribution's log-probs"
+        return "sync", ""
 
     @classmethod
     def memory(cls, cfg: Root, arch: dict, card: float | None):
@@ -173,7 +181,7 @@ class VLLMEngine(Engine):
         clock = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])  # KV cache stays released until the weights are in
-        weights = _with_lm_head(named_tensors)
+        weights = _with_lm_head(named_tensors, self.dtype)
         if self.in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
@@ -211,13 +219,15 @@ def _sampled_logprobs(c) -> list[float]:
     return [pos[t].logprob for pos, t in zip(lp, c.token_ids)]
 
 
-def _with_lm_head(named_tensors):
-    """Yield every tensor, plus ``lm_head.weight`` = the embedding when the source omits it (tied)."""
+def _with_lm_head(named_tensors, dtype: torch.dtype | None = None):
+    """Yield every tensor (floating ones in the engine's ``dtype``: a LoRA export's float32 W + dW is rounded once, here),
+    plus ``lm_head.weight`` = the embedding when the source omits it (tied)."""
     embed, seen_head = None, False
     for name, t in named_tensors:
         seen_head |= name == "lm_head.weight"
+        t = t.detach().to(dtype) if dtype is not None and t.is_floating_point() else t.detach()
         if name == "model.embed_tokens.weight":
             embed = t
-        yield name, t.detach()
+        yield name, t
     if not seen_head and embed is not None:
-        yield "lm_head.weight", embed.detach()
+        yield "lm_head.weight", embed

@@ -96,6 +96,7 @@ class Train(Section):
     keep_checkpoints: Pos | None = None  # keep the newest k; null = all
     resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
     save_final: bool = False
+    sampler_gap_warn: PosF | None = None  # warn above this mean |trainer - sampler| log-prob gap; null = by dtype (pods.backends.gap)
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:
