@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from harness import VLLM_ENGINE, within
+from harness import VLLM_ENGINE, needs_vllm_kernels, within
 
 from conftest import compose, shrink
 
@@ -102,6 +102,7 @@ def test_gap_check_of_config_and_warning_rhythm(gap_log):
 
 
 @pytest.mark.slow
+@needs_vllm_kernels
 def test_vllm_gap_small_after_syncs_large_when_the_push_is_skipped(tmp_path, monkeypatch, gap_log):
     """The start-up push and the one after step 1 go through; later ones are dropped (a sync that silently failed)."""
     from pods.engines.vllm import VLLMEngine

