@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -127,8 +126,7 @@ def rank_main(cfg_json: str, run_dir: str) -> None:
 
 # ---- the driver -------------------------------------------------------------------------------------------
 def compose_cfg(profile: str, threads: int, algo: list[str], engine: str, steps: int) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from pods.compose import compose_plain
 
     overrides = [
         f"hardware={profile}",
@@ -146,14 +144,13 @@ def compose_cfg(profile: str, threads: int, algo: list[str], engine: str, steps:
         "logger=none",
         *(VLLM if engine == "vllm" else []),
     ]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return OmegaConf.to_container(compose(config_name="config", overrides=overrides), resolve=True)
+    return compose_plain(overrides)
 
 
 def launch(cfg: dict, procs: int, threads: int, run_dir: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from pods.distributed import free_port
+
+    port = free_port()
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),

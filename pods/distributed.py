@@ -126,7 +126,8 @@ class Dist:
             torch.distributed.barrier()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (a rendezvous port for a local launch)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -155,7 +156,7 @@ def init(hw: Hardware | dict) -> Dist:
     if not torch.distributed.is_initialized():
         if world == 1:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("LOCAL_RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from pods.distributed import free_port  # the one free-port helper (tests/slurm_cluster.py imports it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS_PER_RANK = 4  # the fixed batch has 2 x 4 rows
@@ -59,13 +60,6 @@ def max_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest elementwise |a - b| (float64), 0.0 for empty tensors."""
     d = (a.double() - b.double()).abs()
     return d.max().item() if d.numel() else 0.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_env() -> dict:
