@@ -63,7 +63,7 @@ figure1-cpu: $(STAMP) ## Figure 1 on the tiny model and toy task, and the per-st
 memory: $(STAMP) ## a run's peak memory per GPU, estimated, against its card: make memory ARGS="experiment=..." (docs/memory.md)
 	$(PY) -m pods.memory $(ARGS)
 
-tiny-model: $(STAMP) ## rebuild the shipped tiny models (pinned numerics) and report how far each is from pods/assets/ (about 5 min)
+tiny-model: $(STAMP) ## rebuild the shipped tiny models (pinned numerics) and report how far each is from pods/assets/ (about 15 min idle)
 	$(PY) scripts/tiny_model.py
 
 # the tests whose tolerances are set from measured kernel noise, run under each ATen kernel ISA (docs/numerics.md); every
