@@ -10,25 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from pods.errors import ConfigError
 from pods.registry import Registry
+from pods.schema.sections import Hub, Section  # the run config's sections: strict, unknown keys refused
 from pods.tasks.base import Example
 
 GOLDS = Registry("gold format")
 LOADERS = Registry("benchmark loader")
 Pos = Annotated[int, Field(ge=1)]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Hub(Section):
-    id: str
-    configs: list[str] | None = None
-    split: str
 
 
 class Benchmark(Section):
