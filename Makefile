@@ -72,7 +72,7 @@ tiny-model: $(STAMP) ## rebuild the shipped tiny models (pinned numerics) and re
 ISA_TESTS ?= tests/test_numerics.py tests/test_tiny_model.py tests/test_hf_engine.py tests/test_losses.py tests/test_loop_on_cpu.py \
 	tests/test_d3s.py tests/test_sparse_rl.py tests/test_sparse_rl_engine.py tests/test_gpu_path_on_cpu.py tests/test_vllm_engine_on_cpu.py \
 	tests/test_deepspeed_on_cpu.py tests/test_minibatch_on_cpu.py tests/test_d3s_deepspeed_on_cpu.py tests/test_sparse_rl_deepspeed_on_cpu.py \
-	tests/test_deepspeed_chunks_on_cpu.py
+	tests/test_deepspeed_chunks_on_cpu.py tests/test_sampler_gap_on_cpu.py
 ISAS ?= default avx2 avx512
 GAPS ?= results/cpu/numerics
 test-isa: $(STAMP) ## the tolerance-sensitive tests under ATEN_CPU_CAPABILITY=default, avx2 and avx512, measured gaps -> $(GAPS)/tolerances.md (about 40 min)

@@ -25,6 +25,9 @@ SMALL = ["algorithm.n=8", "algorithm.m=4", "train.prompts_per_step=2", "eval.at_
 # 2.3e-7 to 3.7e-7 mean per token, at most 3.0e-6 for one token (this file's runs, both cases; the default CPU
 # experiment's 64 rollouts: up to 3.3e-7 and 4.8e-6); 1e-5 is 27x the mean and 2x the largest token
 HF_TOL = 1e-5
+# the largest token's gap: up to 5.3e-6 under the DEFAULT/AVX2/AVX-512 kernels (make test-isa), so 1e-4 as for the other
+# per-token log-prob checks (tests/test_tiny_model.py: HF engine vs a fresh forward)
+HF_TOL_MAX = 1e-4
 
 
 def run(tmp_path, overrides, steps=2, small=SMALL):
@@ -60,7 +63,7 @@ def test_hf_engine_gap_is_numerics_only(tmp_path, extra, gap_log):
     assert [r["optimizer_steps"] for r in rows] == [steps, steps]
     for r in rows:
         within(r["sampler_gap"], HF_TOL, "HF engine, mean gap per token")
-        within(r["sampler_gap_max"], HF_TOL, "HF engine, largest token")
+        within(r["sampler_gap_max"], HF_TOL_MAX, "HF engine, largest token")
         assert r["sampler_gap"] > 0 or r["sampler_gap_max"] == 0  # a real measurement, not a placeholder
     assert not [g for g in gap_log if g.levelno >= logging.WARNING]
 
