@@ -69,7 +69,12 @@ def _job(arm: str, seed: int) -> tuple[list[str], Path]:
 
 
 def run(seeds: list[int], jobs: int, load: Path) -> None:
-    todo = [_job(arm, s) for s in seeds for arm in ARMS]
+    run_jobs([_job(arm, s) for s in seeds for arm in ARMS], jobs, load)
+
+
+def run_jobs(todo: list[tuple[list[str], Path]], jobs: int, load: Path) -> None:
+    """Run ``(command, run_dir)`` jobs ``jobs`` at a time, in order, one torch thread each, skipping runs whose final
+    weights exist; appends an ``uptime`` line to ``load`` every 30 s (also used by scripts/sparse_rl_toy.py)."""
     todo = [(cmd, d) for cmd, d in todo if not (d / "final" / "config.json").exists()]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     live: list[tuple[subprocess.Popen, Path]] = []

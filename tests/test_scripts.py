@@ -63,3 +63,39 @@ def test_compare_runs_refuses_a_path_without_runs(tmp_path, bad):
         p.stderr.strip().splitlines()[-1]
         == f"compare_runs.py: error: B: no run at {tmp_path / bad} (a directory with metrics.jsonl, or one with run directories below it)"
     )
+
+
+def test_sparse_rl_toy_report_summarises_runs_per_arm_and_seed(tmp_path):
+    """``scripts/sparse_rl_toy.py report`` on hand-made runs: per run the last step, the first / last / best evaluation
+    and the means over the train rows (the sparse arms' KV saving, the corrected arm's rejection); per arm the table's
+    mean +- sd over seeds; copies of each run's metrics; without runs, one error line."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    for arm, seed, saving in (("dense", 0, None), ("sparse_rl", 0, 0.1), ("sparse_rl", 1, 0.3)):
+        extra = {} if saving is None else {"kv_saving": saving, "sparse_rl_rejected_frac": 0.5 * saving}
+        rows = [{"kind": "train", "step": s, "train_time": 2.0 * s, "t_generate": 0.5, **extra} for s in (1, 2)]
+        rows += [{"kind": "eval", "step": s, "train_time": 2.0 * s, "accuracy": a} for s, a in ((0, 0.1), (1, 0.4 + seed / 10), (2, 0.3))]
+        (runs / f"{arm}_s{seed}").mkdir(parents=True)
+        (runs / f"{arm}_s{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sparse_rl_toy.py"), "report", "--runs", str(runs), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    with (out / "summary.csv").open() as f:
+        rows = {(r["arm"], r["seed"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {("dense", "0"), ("sparse_rl", "0"), ("sparse_rl", "1")}
+    got = rows[("sparse_rl", "1")]
+    assert (got["steps"], got["acc_start"], got["acc_final"], got["acc_best"], got["s_per_step"]) == ("2", "0.1", "0.3", "0.5", "2.0")
+    assert float(got["kv_saving"]) == pytest.approx(0.3) and rows[("dense", "0")]["kv_saving"] == ""
+    assert "| Sparse-RL | 2 +- 0 | 0.100 -> 0.300 +- 0.000 | 0.450 | 20.0% | 10.000% |" in run.stdout
+    assert (out / "sparse_rl_s1.metrics.jsonl").read_text() == (runs / "sparse_rl_s1" / "metrics.jsonl").read_text()
+    empty = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sparse_rl_toy.py"), "report", "--runs", str(tmp_path / "none"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert empty.returncode == 1 and "no finished runs" in empty.stderr
