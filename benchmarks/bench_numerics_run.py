@@ -24,12 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script without installing the package
+from pods.numerics import PINNED  # noqa: E402
+
 SETTINGS = {
     "pinned": {},
     "aten=avx2": {"PODS_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "avx2"},
     "aten=avx512": {"PODS_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "avx512"},
 }
-NUMERIC_VARS = ("PODS_NUMERICS", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_DYNAMIC", "OMP_DYNAMIC")
+NUMERIC_VARS = ("PODS_NUMERICS", "DNNL_MAX_CPU_ISA", *PINNED)  # dropped from the environment before each setting
 ARM, LABEL = "demo_grpo_cpu", "GRPO 16/16"
 
 

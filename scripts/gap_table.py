@@ -6,6 +6,9 @@ table (one line per test and check: the tolerance, the largest gap measured unde
 tolerance / largest gap) and flags any check whose gap reached its tolerance:
 
     python scripts/gap_table.py results/cpu/numerics/gaps-*.jsonl > results/cpu/numerics/tolerances.md
+
+``--per-test`` prints the shorter table of docs/numerics.md instead: one line per test (its checks, tolerances, the
+largest gap per ISA, the smallest margin over its checks).
 """
 
 from __future__ import annotations
@@ -15,6 +18,18 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+ISA_ORDER = ("DEFAULT", "AVX2", "AVX512")
+
+
+def _isas(rows: list[dict]) -> list[str]:
+    return sorted({r["isa"] for r in rows}, key=lambda i: ISA_ORDER.index(i) if i in ISA_ORDER else len(ISA_ORDER))
+
+
+def _test(r: dict) -> tuple[str, str]:
+    """(file, test function) of a row, parametrisation dropped."""
+    file, _, test = r["test"].partition("::")
+    return file.removeprefix("tests/"), test.split("[")[0]
 
 
 def read_rows(paths: list[Path]) -> list[dict]:
@@ -30,12 +45,10 @@ def table(rows: list[dict]) -> tuple[str, int]:
     worst: dict[tuple, dict[str, float]] = defaultdict(dict)
     tols: dict[tuple, float] = {}
     for r in rows:
-        key = (r["test"].split("::", 1)[0].removeprefix("tests/"), r["test"].split("::", 1)[-1].split("[")[0], r["what"])
+        key = (*_test(r), r["what"])
         worst[key][r["isa"]] = max(worst[key].get(r["isa"], 0.0), r["measured"])
         tols[key] = r["tol"]
-    isas = sorted(
-        {r["isa"] for r in rows}, key=lambda i: ["DEFAULT", "AVX2", "AVX512"].index(i) if i in ("DEFAULT", "AVX2", "AVX512") else 9
-    )
+    isas = _isas(rows)
     head = ["file", "test", "check", "tolerance", *[f"measured {i}" for i in isas], "margin"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     over = 0
@@ -49,15 +62,38 @@ def table(rows: list[dict]) -> tuple[str, int]:
     return "\n".join(lines) + "\n", over
 
 
+def per_test(rows: list[dict]) -> str:
+    """One line per test: its checks, tolerances, the largest gap under each ISA ("skipped" where it did not run) and
+    the smallest tolerance / gap over its checks ("exact": every gap was 0)."""
+    by_test: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_test[_test(r)].append(r)
+    isas = _isas(rows)
+    lines = [
+        f"| test | checks | tolerances | largest gap measured ({' / '.join(isas)}) | smallest margin |",
+        "|---|---|---|---|---|",
+    ]
+    for (file, test), rs in sorted(by_test.items()):
+        tols = ", ".join(f"{t:g}" for t in sorted({r["tol"] for r in rs}))
+        worst = [max((r["measured"] for r in rs if r["isa"] == i), default=None) for i in isas]
+        cells = " / ".join("skipped" if w is None else f"{w:.1e}" for w in worst)
+        margins = [r["tol"] / r["measured"] for r in rs if r["measured"] > 0]
+        margin = f"{min(margins):.1f}x" if margins else "exact"
+        lines.append(f"| `{file}::{test}` | {len({r['what'] for r in rs})} | {tols} | {cells} | {margin} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path, help="gaps-<isa>.jsonl files written by make test-isa")
+    ap.add_argument("--per-test", action="store_true", help="one line per test (the table in docs/numerics.md)")
     args = ap.parse_args(argv)
     missing = [str(p) for p in args.files if not p.is_file()]
     if missing:
         sys.exit(f"gap_table: no such file: {', '.join(missing)} (make test-isa writes them)")
-    text, over = table(read_rows(args.files))
-    sys.stdout.write(text)
+    rows = read_rows(args.files)
+    text, over = table(rows)
+    sys.stdout.write(per_test(rows) if args.per_test else text)
     return 1 if over else 0
 
 

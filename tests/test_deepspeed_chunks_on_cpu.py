@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import assert_two_ranks_equal_one, fixed_batch, in_one_process, on_two_ranks, torchrun, weight_gap
+from harness import EQUIV, EQUIV_LRS, assert_two_ranks_equal_one, fixed_batch, in_one_process, on_two_ranks, torchrun, weight_gap
 
 QWEN3B_HEAD = 151_936 * 2_048  # Qwen2.5-3B's tied embedding / lm_head: vocab x hidden (311M)
 GPU_ZERO_DEFAULTS = {  # DeepSpeed 0.19.8's defaults, which h100x8_zero3 runs with (test_the_gpu_profile_keeps_...)
@@ -40,20 +40,11 @@ GPU_ZERO_DEFAULTS = {  # DeepSpeed 0.19.8's defaults, which h100x8_zero3 runs wi
 PERSISTENCE = 1_000
 CHUNK = 5  # logprob_chunk_tokens: the fixed batch has 12 completion columns; 2 rows -> 5 chunks, 3 rows -> 8, 1 row -> 3
 MICRO = [2, 3]  # micro-batch sizes of the two steps on each rank's 4 rows: (2, 2), then (3, 1): the chunk count changes
-EQUIV = [  # as tests/test_deepspeed_on_cpu.py: the clipped loss, KL to the reference, steps large enough to show a bad gradient
-    "algorithm=grpo_pods",
-    "algorithm.loss_agg=token_mean",
-    "algorithm.beta=0.04",
-    "sampling.temperature=0.9",
-    "optim.eps=1.0",
-    "optim.max_grad_norm=1.0",
-]
-LRS = [1.0, 0.5]
 VARIANTS = [
     ("chunks", CHUNK, False),
     ("ragged", CHUNK, True),
     ("one_chunk", None, False),
-]  # name, chunk rows, own widths  # with AdamW eps=1 the first steps are ~ lr * gradient: a wrong gradient scale shows in the weights
+]  # name, chunk rows, own widths
 
 
 def scaled_zero(tiny_head: int) -> dict:
@@ -178,9 +169,9 @@ def counted_steps(counter: GatherCounter, chunk: int | None, ragged: bool = Fals
             rec["end"], rec["released"] = snap(), counter.releases.get(id(head), 0) - rec["released"]
 
         backend.forward_stats, backend.backward = fwd, bwd
-        batches = [fixed_batch(i).rows(rows.start, rows.stop) for i in range(len(LRS))]
+        batches = [fixed_batch(i).rows(rows.start, rows.stop) for i in range(len(EQUIV_LRS))]
         batches = [own_width(b) for b in batches] if ragged else batches
-        stats = [backend.update(b, lr, mbs) for b, lr, mbs in zip(batches, LRS, MICRO)]
+        stats = [backend.update(b, lr, mbs) for b, lr, mbs in zip(batches, EQUIV_LRS, MICRO)]
         counts = [
             {
                 "chunks": r["chunks"],
@@ -205,7 +196,7 @@ def counted_steps(counter: GatherCounter, chunk: int | None, ragged: bool = Fals
 
 
 def plain_steps(backend, cfg, dist, rows: slice) -> dict:
-    return {"stats": [backend.update(fixed_batch(i).rows(rows.start, rows.stop), lr) for i, lr in enumerate(LRS)]}
+    return {"stats": [backend.update(fixed_batch(i).rows(rows.start, rows.stop), lr) for i, lr in enumerate(EQUIV_LRS)]}
 
 
 def worker(out: Path) -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from harness import (
+    EQUIV,
+    EQUIV_LRS,
     NO_VLLM_KERNELS,
     VLLM_ENGINE,
     assert_not_imported,
@@ -36,15 +38,6 @@ from harness import (
     within,
 )
 
-EQUIV = [
-    "algorithm=grpo_pods",
-    "algorithm.loss_agg=token_mean",
-    "algorithm.beta=0.04",
-    "sampling.temperature=0.9",
-    "optim.eps=1.0",
-    "optim.max_grad_norm=1.0",
-]
-LRS = [1.0, 0.5]  # with AdamW eps=1 the first steps are ~ lr * gradient: a wrong gradient scale shows in the weights
 SMALL = [
     "algorithm.n=8",
     "algorithm.m=4",
@@ -64,8 +57,8 @@ VARIANTS = {  # the 2-rank settings replayed in one process: ZeRO stage and extr
 
 
 def two_steps(backend, cfg, dist, rows: slice) -> dict:
-    """Two optimizer steps (``LRS``) on the fixed batches 0 and 1, this process's rows of each."""
-    stats = [backend.update(fixed_batch(step).rows(rows.start, rows.stop), lr) for step, lr in enumerate(LRS)]
+    """Two optimizer steps (``EQUIV_LRS``) on the fixed batches 0 and 1, this process's rows of each."""
+    stats = [backend.update(fixed_batch(step).rows(rows.start, rows.stop), lr) for step, lr in enumerate(EQUIV_LRS)]
     return {"stats": [dist.reduce_metrics(s) for s in stats]}
 
 

@@ -99,3 +99,29 @@ def test_sparse_rl_toy_report_summarises_runs_per_arm_and_seed(tmp_path):
         timeout=120,
     )
     assert empty.returncode == 1 and "no finished runs" in empty.stderr
+
+
+def test_gap_table_joins_the_isas_and_fails_when_a_gap_reaches_its_tolerance(tmp_path):
+    """``scripts/gap_table.py`` on hand-written gap files: one line per (test, check) with its largest gap per ISA and
+    the margin; ``--per-test`` one line per test; exit 1 once a measured gap reaches its tolerance."""
+    script = ROOT / "scripts" / "gap_table.py"
+
+    def gaps(isa: str, measured: list[float], tol: float = 1e-4) -> Path:
+        path = tmp_path / f"gaps-{isa}.jsonl"
+        rows = [
+            {"test": f"tests/test_x.py::test_a[{i}]", "what": "w", "measured": m, "tol": tol, "isa": isa} for i, m in enumerate(measured)
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    def table(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+    ok = table(gaps("AVX2", [1e-6, 2e-6]), gaps("DEFAULT", [5e-6]))
+    assert ok.returncode == 0, ok.stderr
+    assert "| test_x.py | test_a | w | 1e-04 | 5.0e-06 | 2.0e-06 | 20x |" in ok.stdout  # DEFAULT before AVX2; the largest per ISA
+    per = table("--per-test", tmp_path / "gaps-AVX2.jsonl")
+    assert "| `test_x.py::test_a` | 1 | 0.0001 | 2.0e-06 | 50.0x |" in per.stdout
+    over = table(gaps("AVX512", [1e-4]))
+    assert over.returncode == 1
+    assert table(tmp_path / "none.jsonl").returncode != 0

@@ -96,7 +96,7 @@ class VLLMEngine(Engine):
                 "use avx2 (the pinned value, docs/numerics.md) or avx512, or rollout=hf",
             )
         s, a = cfg.sampling, cfg.algorithm
-        truncated = s.top_k != -1 or s.top_p < 1
+        truncated = _truncates(s)
         readers = [
             k
             for k, on in (
@@ -114,7 +114,7 @@ class VLLMEngine(Engine):
     @classmethod
     def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
         s = cfg.sampling
-        if s.top_k != -1 or s.top_p < 1:
+        if _truncates(s):
             return "off", f"sampling.top_k={s.top_k} / top_p={s.top_p}: vLLM records the truncated, renormalised distribution's log-probs"
         return "sync", ""
 
@@ -215,6 +215,11 @@ class VLLMEngine(Engine):
             pass
         del llm
         gc.collect()  # the shutdown undid vLLM's gc.freeze(): the engine's cycles are collectable again
+
+
+def _truncates(sampling) -> bool:
+    """top-k or top-p on: vLLM then records the log-probs of the truncated, renormalised distribution."""
+    return sampling.top_k != -1 or sampling.top_p < 1
 
 
 def _sampled_logprobs(c) -> list[float]:
