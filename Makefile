@@ -69,10 +69,10 @@ tiny-model: $(STAMP) ## rebuild the shipped tiny models (pinned numerics) and re
 # the tests whose tolerances are set from measured kernel noise, run under each ATen kernel ISA (docs/numerics.md); every
 # harness.within() check appends its measured gap to $(GAPS)/gaps-<isa>.jsonl, and scripts/gap_table.py joins them into
 # $(GAPS)/tolerances.md (the tolerance table of docs/numerics.md)
-ISA_TESTS ?= tests/test_numerics.py tests/test_tiny_model.py tests/test_hf_engine.py tests/test_losses.py tests/test_loop_on_cpu.py \
-	tests/test_d3s.py tests/test_sparse_rl.py tests/test_sparse_rl_engine.py tests/test_gpu_path_on_cpu.py tests/test_vllm_engine_on_cpu.py \
-	tests/test_deepspeed_on_cpu.py tests/test_minibatch_on_cpu.py tests/test_d3s_deepspeed_on_cpu.py tests/test_sparse_rl_deepspeed_on_cpu.py \
-	tests/test_deepspeed_chunks_on_cpu.py tests/test_sampler_gap_on_cpu.py
+ISA_TESTS ?= tests/unit/test_numerics.py tests/unit/test_tiny_model.py tests/unit/test_hf_engine.py tests/unit/test_losses.py tests/e2e/test_loop_on_cpu.py \
+	tests/unit/test_d3s.py tests/unit/test_sparse_rl.py tests/unit/test_sparse_rl_engine.py tests/vllm_cpu/test_gpu_path_on_cpu.py tests/vllm_cpu/test_vllm_engine_on_cpu.py \
+	tests/distributed/test_deepspeed_on_cpu.py tests/distributed/test_minibatch_on_cpu.py tests/distributed/test_d3s_deepspeed_on_cpu.py tests/distributed/test_sparse_rl_deepspeed_on_cpu.py \
+	tests/distributed/test_deepspeed_chunks_on_cpu.py tests/e2e/test_sampler_gap_on_cpu.py
 ISAS ?= default avx2 avx512
 GAPS ?= results/cpu/numerics
 test-isa: $(STAMP) ## the tolerance-sensitive tests under ATEN_CPU_CAPABILITY=default, avx2 and avx512, measured gaps -> $(GAPS)/tolerances.md (about 40 min)

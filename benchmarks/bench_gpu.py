@@ -1,6 +1,6 @@
 """The GPU check: Figure 1 of the paper measured on this machine, and the real training loop with a sampler/trainer
 log-prob check after every weight sync. Runs on any CUDA machine with no network and no download; runs on CPU
-with small sizes (``tests/test_bench_gpu.py``), so it is known to work before it meets a GPU.
+with small sizes (``tests/gpu/test_bench_gpu.py``), so it is known to work before it meets a GPU.
 
     python benchmarks/bench_gpu.py [--device auto|cpu|cuda] [--small] [--engine auto|vllm|hf] --out results/gpu
 

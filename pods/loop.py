@@ -34,7 +34,7 @@ from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
 from pods.engines import ENGINES, Sampling
-from pods.evaluate import evaluate
+from pods.eval.accuracy import evaluate
 from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, provenance, resolve_model_dir

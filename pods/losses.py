@@ -72,7 +72,7 @@ def chunked_token_stats(
     The head MODULE is called once for all chunks (its own forward runs per chunk inside that call, and again in each
     chunk's recompute): module hooks run once, so DeepSpeed ZeRO-3 gathers the partitioned head weight once for the
     whole loop in the forward and once in the backward, whatever the number of chunks, and the module order it traces
-    does not depend on the number of chunks (tests/test_deepspeed_chunks_on_cpu.py; docs/memory.md).
+    does not depend on the number of chunks (tests/distributed/test_deepspeed_chunks_on_cpu.py; docs/memory.md).
     Returns (logp [B, T] float32, entropy [B, T] float32 without grad, or None).
     """
     B, T, H = hidden.shape

@@ -68,7 +68,7 @@ def suite(cfg: Root, run_dir: str) -> None:
     ev = cfg.eval
     if ev.suite is None or os.environ.get("RANK", "0") != "0" or not (Path(run_dir) / "final").is_dir():
         return
-    from pods.evals.cli import main as pods_eval
+    from pods.eval.cli import main as pods_eval
 
     args = [str(run_dir), "--suite", ev.suite, "--engine", ev.suite_engine, "--device", cfg.hardware.device]
     if pods_eval([*args, "--dtype", cfg.hardware.dtype, *ev.suite_overrides]) != 0:

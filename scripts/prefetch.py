@@ -120,7 +120,7 @@ def plan_experiment(name: str) -> Needs:
 
 def plan_suite(name: str) -> Needs:
     """The hub datasets of evaluation suite ``name`` (``pods-eval --suite name``): ``suite.benchmarks.<key>.files``."""
-    from pods.evals.benchmarks import compose_suite
+    from pods.eval.benchmarks import compose_suite
 
     needs = Needs(f"suite/{name}")
     for key, bench in compose_suite(name).benchmarks.items():

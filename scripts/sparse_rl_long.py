@@ -103,7 +103,7 @@ def final(run_dir: Path) -> dict:
     import torch
 
     from pods.engines import ENGINES
-    from pods.evaluate import evaluate
+    from pods.eval.accuracy import evaluate
     from pods.models import load_policy, load_tokenizer
     from pods.schema import Eval, Hardware, ToyLongDataset, complete
     from pods.tasks import DATASETS, encode_prompts

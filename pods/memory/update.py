@@ -49,7 +49,7 @@ def layer_saved_bytes(arch: dict, a: int, full: bool, lora: tuple[set, int] | No
     keeps gate, up and act(gate). Trainable base weights add the normalised norm inputs and the inputs of q/k/v,
     gate/up and down. A LoRA adapter (fp32 weights) keeps its input: an fp32 copy
     per adapter when activations are bf16 (peft casts x to the adapter's dtype), shared ones when fp32; plus its
-    r-wide output. Equal to autograd's saved tensors on CPU, fp32 and bf16 (tests/test_memory.py).
+    r-wide output. Equal to autograd's saved tensors on CPU, fp32 and bf16 (tests/unit/test_memory.py).
     """
     h, i = arch["hidden_size"], arch["intermediate_size"]
     heads = arch["num_attention_heads"]

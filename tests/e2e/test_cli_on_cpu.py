@@ -1,0 +1,87 @@
+"""The user-facing commands, run as a user would: `python -m pods.train` (single and multirun) and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pods.metrics import read_metrics
+from support.config import ROOT
+
+SHORT = [
+    "train.max_steps=2",
+    "train.time_budget_s=null",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "train.prompts_per_step=1",
+]
+
+
+def run(args, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, **kw)
+
+
+def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
+    p = run(["-m", "pods.train", "algorithm=grpo_ga", "algorithm.n=8", "algorithm.m=4", *SHORT, f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "config.json").exists() and (tmp_path / ".hydra" / "overrides.yaml").exists()
+    assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2
+    log = (tmp_path / "train.log").read_text()  # the run's log (pods.log via Hydra), with times and levels
+    assert f"run directory: {tmp_path}" in log and "[pods]" in log and f"[pods] run directory: {tmp_path}" in p.stdout
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["keep_checkpoints"] is None  # the schema's default, written out
+
+
+@pytest.mark.slow
+def test_multirun_sweeps_the_rule(tiny_dir, tmp_path):
+    p = run(
+        [
+            "-m",
+            "pods.train",
+            "-m",
+            "algorithm.n=8",
+            "algorithm.m=4",
+            "algorithm.rule=max_variance,random",
+            *SHORT,
+            f"hydra.sweep.dir={tmp_path}",
+        ]
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = sorted(d for d in tmp_path.iterdir() if (d / "metrics.jsonl").exists())
+    assert len(runs) == 2
+    rules = {__import__("json").loads((d / "config.json").read_text())["algorithm"]["rule"] for d in runs}
+    assert rules == {"max_variance", "random"}
+
+
+@pytest.mark.slow
+def test_wandb_offline_logger_writes_a_run(tiny_dir, tmp_path):
+    p = run(
+        ["-m", "pods.train", "logger=wandb", "logger.mode=offline", "algorithm.n=4", "algorithm.m=2", *SHORT, f"hydra.run.dir={tmp_path}"]
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    offline = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert offline and list(offline[0].glob("*.wandb"))
+
+
+@pytest.mark.slow
+def test_demo_writes_figure_and_csv_from_its_runs(tiny_dir, tmp_path):
+    p = run(["-m", "pods.demo", "--out", str(tmp_path), "train.time_budget_s=3", "eval.every_s=1", "eval.max_examples=8", "eval.repeats=1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    png, csv_path = tmp_path / "accuracy_vs_time.png", tmp_path / "accuracy_vs_time.csv"
+    assert png.stat().st_size > 5000
+    lines = csv_path.read_text().splitlines()
+    evals = sum(len(read_metrics(d / "metrics.jsonl", "eval")) for d in (tmp_path / "runs").iterdir())
+    assert len(lines) - 1 == evals >= 4  # every CSV row is an eval row of the arms' own metrics files
+    assert {"GRPO 16/16", "GRPO-GA 64/16", "PODS 64→16"} == {line.split(",")[0] for line in lines[1:]}
+    assert "figure:" in p.stdout
+    summary = (tmp_path / "summary.txt").read_text()  # the printed table, both comparisons by seconds and by steps
+    assert (
+        "load average" in summary
+        and summary.count("PODS 64→16 vs GRPO-GA 64/16 by") == 2
+        and summary.count("PODS 64→16 vs GRPO 16/16 by") == 2
+    )

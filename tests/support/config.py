@@ -1,0 +1,45 @@
+"""The real Hydra config, composed and shrunk for tests, and the shared data beside the repository."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+
+from pods.schema import register  # noqa: E402
+
+register()  # the `_schema` and `<group>/_<shape>` nodes the YAML files build on
+SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
+
+
+def compose(overrides: list[str] | None = None, name: str = "config") -> dict:
+    """Compose the real config tree with overrides and resolve it to the plain dict ``train`` takes (the package's
+    one composition path, ``pods.compose.compose_plain``)."""
+    from pods.compose import compose_plain
+
+    return compose_plain(overrides, config_name=name)
+
+
+def shrink(cfg: dict, steps: int = 2) -> dict:
+    """Make any composed config a seconds-long CPU run of the tiny model (the algorithm's n/m are kept)."""
+    cfg["train"].update(
+        max_steps=steps, time_budget_s=None, prompts_per_step=min(cfg["train"]["prompts_per_step"], 2), checkpoint_every_s=None
+    )
+    cfg["eval"].update(max_examples=8, repeats=1, every_s=None, every_steps=None)
+    cfg["sampling"]["max_tokens"] = min(cfg["sampling"]["max_tokens"], 12)
+    cfg["eval"]["max_tokens"] = cfg["sampling"]["max_tokens"]
+    cfg["logger"] = {"name": "none"}
+    return cfg
+
+
+def need_shared(*parts: str) -> Path:
+    """``SHARED/<parts>`` (the data kept beside the repository: task data, the authors' released curves); skips the
+    calling test, naming the missing path, when it is absent (a clone used elsewhere: set PODS_SHARED)."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found: the shared data directory (PODS_SHARED, default ../shared beside the repo) lacks it")
+    return path
