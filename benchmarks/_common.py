@@ -23,6 +23,13 @@ def compose(overrides: list[str] | None = None) -> dict:
     return compose_plain(overrides)
 
 
+def typed(overrides: list[str] | None = None):
+    """The same config validated into the typed ``Root`` the package's functions take (``pods.schema.check``)."""
+    from pods.schema import check
+
+    return check(compose(overrides))
+
+
 def short_run(steps: int, max_tokens: int) -> list[str]:
     """Overrides that make a config a seconds-long run: ``steps`` optimizer steps of 2 prompts, completions of
     ``max_tokens``, 8 eval prompts x 1 sample at the end only, no checkpoint, no logger."""

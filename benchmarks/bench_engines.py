@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, compose  # noqa: E402  (the repository on sys.path; the config tree composed)
+from _common import ROOT, typed  # noqa: E402  (the repository on sys.path; the config tree composed)
 
 OUT = ROOT / "results" / "bench" / "engines.csv"
 ENGINE = ["rollout=vllm", "rollout.kv_cache_gib=0.25"]
@@ -112,7 +112,7 @@ def bench_sync(tiny, eng, prompts, sampling) -> None:
     from pods.backends.local import LocalBackend
 
     for finetune in ("full", "lora"):
-        be = LocalBackend(str(tiny), compose([*ENGINE, f"hardware.finetune={finetune}"]))
+        be = LocalBackend(str(tiny), typed([*ENGINE, f"hardware.finetune={finetune}"]))
         ro = eng.generate(prompts, 4, sampling)
         batch = build_batch([p for p in prompts for _ in range(4)], ro.completion_ids, ro.logprobs, torch.randn(len(ro.completion_ids)), 0)
         be.update(batch, lr=1e-3)
@@ -123,7 +123,7 @@ def bench_multiprocess(tiny, tok, backend) -> None:
     """vLLM's engine-core process: its start, and the sync over RPC."""
     from pods.engines import ENGINES
 
-    mp = compose([*ENGINE, "rollout.multiprocessing=true"])
+    mp = typed([*ENGINE, "rollout.multiprocessing=true"])
     t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp["rollout"]))
     row("start", "vllm", "multi-process", [t], "s")
     row("sync", "vllm", "full, multi-process (safetensors over RPC)", sync_times(eng, backend), "ms")
@@ -142,8 +142,8 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     tiny = ensure_tiny()
     tok = load_tokenizer(str(tiny))
-    prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:4], tok, None)[0]
-    cfg, sampling = compose(ENGINE), Sampling(temperature=1.0, max_tokens=12)
+    prompts = encode_prompts(DATASETS.get("toy_arith")(typed().dataset).test[:4], tok, None)[0]
+    cfg, sampling = typed(ENGINE), Sampling(temperature=1.0, max_tokens=12)
     eng = bench_start(tiny, tok, cfg)
     backend = LocalBackend(str(tiny), cfg)
     bench_throughput(tiny, tok, eng, backend, prompts, sampling)

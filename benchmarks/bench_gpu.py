@@ -62,7 +62,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, compose, short_run  # noqa: E402  (the repository on sys.path; the config tree composed)
+from _common import ROOT, compose, short_run, typed  # noqa: E402  (the repository on sys.path; the config tree composed)
 
 QWEN3B, QWEN7B = "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
 MODELS_DIR = Path(os.environ.get("PODS_CACHE", ROOT / ".cache")) / "bench_models"  # not /tmp: often a small RAM disk
@@ -156,7 +156,7 @@ def toy_setting(tok, count: int) -> tuple[list[list[int]], int, int]:
     ``sampling.max_tokens``."""
     from pods.tasks import DATASETS, encode_prompts
 
-    cfg = compose(["experiment=toy_grpo_16_16_cpu"])
+    cfg = typed(["experiment=toy_grpo_16_16_cpu"])
     ds = cfg["dataset"]
     ids, _, _ = encode_prompts(DATASETS.get(ds["name"])(ds).train[:count], tok, ds["max_prompt_length"])
     return ids, max(map(len, ids)), cfg["sampling"]["max_tokens"]
@@ -194,8 +194,8 @@ def gen_engine(a, model_dir: str, tok, batches: list[int], length: int):
     if a.gen_engine == "vllm":
         over += ["rollout=vllm", f"rollout.max_num_seqs={max(batches)}", f"rollout.max_model_len={s['prompt_len'] + length}"]
         over += ["rollout.gpu_memory_utilization=0.85"] if a.device == "cuda" else ["rollout.kv_cache_gib=0.5"]
-        return ENGINES.get("vllm")(model_dir, tok, compose(over)["rollout"])
-    cfg = compose([*over, "rollout=hf", f"rollout.max_batch={max(batches)}"])
+        return ENGINES.get("vllm")(model_dir, tok, typed(over).rollout)
+    cfg = typed([*over, "rollout=hf", f"rollout.max_batch={max(batches)}"])
     policy = load_policy(model_dir, cfg["hardware"]).to(a.device)
     engine = ENGINES.get("hf")(model_dir, tok, cfg["rollout"], policy=policy)
     engine.stop_ids = set()  # EOS ignored: no stop id, every rollout runs to max_tokens
@@ -320,7 +320,7 @@ def update_backend(a, model_dir: str):
         over = ["hardware=cpu_mb16"] if a.model == "tiny" else ["hardware=cpu", "hardware.gradient_checkpointing=true"]
     over += [f"hardware.finetune={a.finetune}", f"hardware.dtype={a.dtype}", f"hardware.device={a.device}", f"optim.name={optimizer(a)}"]
     over += ["rollout=hf"]  # the engine is not built here
-    return LocalBackend(model_dir, compose(over))
+    return LocalBackend(model_dir, typed(over))
 
 
 def optimizer(a) -> str:

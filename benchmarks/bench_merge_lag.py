@@ -134,7 +134,7 @@ def one(lr: float, arm: str, steps: int, model_dir: str, seed: int) -> list[dict
     base = {n: w.bfloat16() for n, w in backend.export_weights() if any(t in n for t in TARGETS) and n.endswith(".weight")}
     task = DATASETS.get(cfg.dataset.name)(cfg.dataset)
     ids, examples, _ = encode_prompts(task.train, tok, cfg.dataset.max_prompt_length)
-    probe_ro = engine.generate(ids[:PROBE_PROMPTS], PROBE_SAMPLES, Sampling(1.0, max_tokens=cfg.sampling.max_tokens, seed=seed))
+    probe_ro = engine.generate(ids[:PROBE_PROMPTS], PROBE_SAMPLES, Sampling(temperature=1.0, max_tokens=cfg.sampling.max_tokens, seed=seed))
     prompts = [ids[i // PROBE_SAMPLES] for i in range(len(probe_ro.completion_ids))]
     probe = build_batch(prompts, probe_ro.completion_ids, probe_ro.logprobs, torch.zeros(len(prompts)), tok.pad_token_id)
     seqs, starts = [p + c for p, c in zip(prompts, probe_ro.completion_ids)], [len(p) for p in prompts]

@@ -122,11 +122,8 @@ def tiny_config(spec: dict | None = None) -> dict:
 
 
 def model_config(model) -> dict:
-    """config.json of the model a ``model`` config section (``pods.schema.Model``, or a plain dict of it) names: a local
-    directory's file, the table, or the tiny spec."""
-    from pods.schema import Model
-
-    model = Model.of(model)
+    """config.json of the model a ``model`` config section (``pods.schema.Model``) names: a local directory's file, the
+    table, or the tiny spec."""
     path = model.path
     if model.builder == "tiny":
         return tiny_config(model.spec)

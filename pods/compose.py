@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pods.config import validate
 from pods.errors import ConfigError
 from pods.schema import Root, check, register
 
@@ -70,8 +71,6 @@ def compose(overrides: list[str] | None = None, rules: bool = True, job_name: st
     plain = compose_plain(overrides, job_name=job_name)
     if not rules:
         return check(plain)
-    from pods.config import validate  # noqa: PLC0415 - the rules read the registries (the layer above)
-
     return validate(plain)
 
 
@@ -121,7 +120,7 @@ def _unknown_option(msg: str) -> str:
 
 def _composition(e: Exception) -> str:
     """One line for an error Hydra or OmegaConf raised while composing; an unknown key names the closest one."""
-    from pods.schema.messages import closest_key
+    from pods.schema import closest_key
 
     msg = str(e)
     m = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)

@@ -12,16 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pods.errors import ConfigError
+from pods.errors import ConfigError, need
 from pods.registry import Registry
 from pods.schema import Root, check
 
 __all__ = ["ConfigError", "validate"]
-
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 def _name(registry: Registry, value, key: str) -> None:
@@ -67,15 +62,15 @@ def _algorithm(a) -> None:
     _name(AGGREGATIONS, a.loss_agg, "algorithm.loss_agg")
     _name(TOKEN_SELECTORS, a.token_rule, "algorithm.token_rule")
     _name(CORRECTIONS, a.correction, "algorithm.correction")
-    cross = getattr(RULES.get(a.rule), "cross_group", False)
-    _need(
+    cross = RULES.spec(a.rule).cross_group
+    need(
         not cross or a.advantage_scope == "group",
         f"algorithm.rule '{a.rule}' selects on full-group advantages: set algorithm.advantage_scope=group",
     )
     _name(RAMPS, a.ramp, "algorithm.ramp")
-    for key in getattr(TOKEN_SELECTORS.get(a.token_rule), "fraction_keys", ()):  # d3s_top_k: token_keep(_final)
+    for key in TOKEN_SELECTORS.spec(a.token_rule).fraction_keys:  # d3s_top_k: token_keep(_final)
         v, optional = getattr(a, key), key.endswith("_final")
-        _need(v is not None or optional, f"algorithm.{key} must be a fraction in (0, 1]{' or null' if optional else ''}, got {v!r}")
+        need(v is not None or optional, f"algorithm.{key} must be a fraction in (0, 1]{' or null' if optional else ''}, got {v!r}")
 
 
 def _suite(ev) -> None:
@@ -83,9 +78,9 @@ def _suite(ev) -> None:
     if ev.suite is None:
         return
     suites = sorted(p.stem for p in (Path(__file__).resolve().parent / "conf" / "suite").glob("*.yaml"))
-    _need(ev.suite in suites, f"eval.suite: unknown suite '{ev.suite}'; valid: {', '.join(suites)}")
+    need(ev.suite in suites, f"eval.suite: unknown suite '{ev.suite}'; valid: {', '.join(suites)}")
     bad = [o for o in ev.suite_overrides if not o.lstrip("+~").startswith("suite.")]
-    _need(not bad, f"eval.suite_overrides: '{bad[0] if bad else ''}' is not a suite key (e.g. suite.samples=4)")
+    need(not bad, f"eval.suite_overrides: '{bad[0] if bad else ''}' is not a suite key (e.g. suite.samples=4)")
 
 
 def _launcher(cfg: Root) -> None:
@@ -93,7 +88,7 @@ def _launcher(cfg: Root) -> None:
     launcher) would train on 1 of its GPUs without a word: refuse it. torchrun sets WORLD_SIZE."""
     hw = cfg.hardware
     nproc, world = hw.nproc_per_node, os.environ.get("WORLD_SIZE")
-    _need(
+    need(
         nproc == 1 or world is not None,
         f"hardware.nproc_per_node={nproc} ({hw.name}) needs one process per GPU, but this is a single process "
         f"without a launcher (WORLD_SIZE unset; a Hydra multirun starts one): submit each run with `sbatch slurm/run_8gpu.sbatch experiment=... seed=...` "
@@ -101,8 +96,8 @@ def _launcher(cfg: Root) -> None:
     )
     quant = cfg.model.quantization
     if quant:
-        _need(hw.finetune == "lora", "model.quantization=4bit trains a LoRA adapter on a frozen 4-bit base: set hardware.finetune=lora")
-        _need(
+        need(hw.finetune == "lora", "model.quantization=4bit trains a LoRA adapter on a frozen 4-bit base: set hardware.finetune=lora")
+        need(
             hw.device == "cuda",
             "model.quantization=4bit needs bitsandbytes on a CUDA device (hardware.device=cuda); use model.quantization=null on CPU",
         )

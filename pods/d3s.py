@@ -16,6 +16,10 @@ Three registered pieces, all chosen by name in the algorithm section; GRPO, PODS
 - Schedule: (N, K) move from ``(m, token_keep)`` at progress 0 to ``(m_final, token_keep_final)`` at
   progress 1 along the ramp ``algorithm.ramp`` (``pods.schedules.RAMPS``, linear by default).
 
+What a piece needs of the loop (a gather over ranks, an algorithm key, the entropy pre-pass) is its spec, registered
+with its name where the registry lives (``RuleSpec`` in pods.downsample, ``TokenSpec`` in pods.tokens), so it is
+known without importing this module.
+
 Why the sample rules are exact: for a multiset x and a size m, some subset of maximal population variance
 consists of the k largest and the m - k smallest values for some k (swapping a kept middle value for an
 unkept value farther from the kept mean never lowers the variance; the PODS lemma, arXiv 2504.13818). So the
@@ -34,17 +38,10 @@ from torch import Tensor
 from pods.downsample import max_variance
 from pods.schedules import ramped
 from pods.schema import Algorithm
-from pods.step import kept_per_group
 
 
-def sample_count(alg, progress: float) -> int:
-    """N(p): rollouts kept per prompt group at progress p (``pods.step.kept_per_group``; kept for callers)."""
-    return kept_per_group(Algorithm.of(alg), progress)
-
-
-def token_fraction(alg: dict, progress: float) -> float:
+def token_fraction(alg: Algorithm, progress: float) -> float:
     """K(p): fraction of the step's completion tokens kept, ``token_keep`` -> ``token_keep_final``."""
-    alg = Algorithm.of(alg)
     return ramped(alg.token_keep, alg.token_keep_final, progress, alg.ramp)
 
 
@@ -85,9 +82,6 @@ def cross_group(advantages: Tensor, m: int, *, generator: torch.Generator | None
     return max_variance(advantages.reshape(1, G * n), G * m)[0]
 
 
-cross_group.cross_group = True  # the rule returns flat row indices over the whole step (pods.downsample.kept_rows)
-
-
 def cross_step(advantages: Tensor, m: int, *, generator: torch.Generator | None = None) -> Tensor:
     """D3S-C over the whole step of every rank: ``cross_group`` on all W ranks' groups at once (the paper's batch).
 
@@ -123,12 +117,6 @@ def two_stage(advantages: Tensor, m: int, *, generator: torch.Generator | None =
     first = max_variance(advantages, n if m_intra is None else m_intra)  # [G, m_intra], ascending per row
     union = (first + n * torch.arange(G, device=advantages.device).unsqueeze(1)).flatten()  # [G * m_intra], ascending
     return union[max_variance(advantages.flatten()[union].unsqueeze(0), G * m)[0]]
-
-
-for _rule in (cross_step, two_stage):
-    _rule.cross_group = True  # flat row indices over the step (pods.downsample.kept_rows)
-    _rule.across_ranks = True  # over every rank's groups: kept_rows gathers, take_rows moves the kept rows
-two_stage.options = ("m_intra",)  # algorithm keys passed to the rule by pods.downsample.kept_rows
 
 
 # ---- token level --------------------------------------------------------------------------------------------
@@ -182,7 +170,3 @@ def top_k_tokens(batch, ctx) -> dict:
         "entropy_kept": s_kept / max(n_kept, 1),
         "entropy_dropped": s_drop / max(n_drop, 1),
     }
-
-
-top_k_tokens.needs_entropy = True  # the loop runs the no-grad pre-pass with entropies (pods.tokens.apply)
-top_k_tokens.fraction_keys = ("token_keep", "token_keep_final")  # validated by pods.config

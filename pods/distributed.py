@@ -133,16 +133,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init(hw: Hardware | dict) -> Dist:
+def init(hw: Hardware) -> Dist:
     """Join the process group the launcher set up (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``/``MASTER_*``); ``hw``: the
-    hardware section (a plain dict of it is read over the schema's defaults).
+    hardware section.
 
     A profile with ``dist_backend`` (the DeepSpeed ones) always gets a process group, a single-process one
     when started without a launcher; profiles without it run exactly as before, with no process group.
     """
     from pods.errors import ConfigError
 
-    hw = Hardware.of(hw)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not hw.dist_backend:
         raise ConfigError(

@@ -17,13 +17,25 @@ The public names ``random`` and ``all`` shadow the builtins inside this module o
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from pods.registry import Registry
+from pods.schema import Algorithm
 
-RULES = Registry("downsample rule")
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """What a rule needs of ``kept_rows`` (registered with it: ``RULES.spec(name)``)."""
+
+    cross_group: bool = False  # the rule returns flat row indices over all groups of the step (``d3s_cross``)
+    across_ranks: bool = False  # over every rank's groups: ``kept_rows`` gathers, ``pods.step.take_rows`` moves the kept rows
+    options: tuple[str, ...] = ()  # algorithm keys passed to the rule as keyword arguments (``d3s_two_stage``: m_intra)
+
+
+RULES = Registry("downsample rule", spec=RuleSpec)
 
 _EPS64 = torch.finfo(torch.float64).eps
 
@@ -257,31 +269,36 @@ def select(rule: str, rewards: Tensor, m: int, *, generator: torch.Generator | N
 
 
 # D3S (arXiv 2509.22115): rules that read advantages normalised on the full group (pods.d3s).
+_STEP = RuleSpec(cross_group=True, across_ranks=True)
 RULES.register_lazy("d3s_intra", "pods.d3s:intra_group")
-RULES.register_lazy("d3s_cross", "pods.d3s:cross_group")  # over this rank's groups
-RULES.register_lazy("d3s_cross_step", "pods.d3s:cross_step")  # over every rank's groups (the whole step)
-RULES.register_lazy("d3s_two_stage", "pods.d3s:two_stage")  # intra-group, then cross-group over the union (whole step)
+RULES.register_lazy("d3s_cross", "pods.d3s:cross_group", spec=RuleSpec(cross_group=True))  # over this rank's groups
+RULES.register_lazy("d3s_cross_step", "pods.d3s:cross_step", spec=_STEP)  # over every rank's groups (the whole step)
+RULES.register_lazy(  # intra-group, then cross-group over the union (whole step)
+    "d3s_two_stage", "pods.d3s:two_stage", spec=RuleSpec(cross_group=True, across_ranks=True, options=("m_intra",))
+)
 
 
 def across_ranks(rule: str) -> bool:
     """Whether ``rule`` selects over every rank's groups at once (``kept_rows`` gathers; ``take_rows`` moves rows)."""
-    return bool(getattr(RULES.get(rule), "across_ranks", False))
+    return RULES.spec(rule).across_ranks
 
 
 def kept_rows(rule: str, scores: Tensor, m: int, *, generator: torch.Generator | None = None, dist=None, alg=None) -> Tensor:
     """The kept rollouts as flat row indices ``g * n + j`` into the step's ``scores: [G, n]``, ascending: ``LongTensor[K]``.
 
-    A per-group rule keeps m per group (K = G * m); a rule with ``cross_group = True`` (``d3s_cross``) picks
-    over all G groups at once and returns the flat indices itself (K = G * m, any number per group). A rule with
-    ``across_ranks = True`` (``d3s_cross_step``) first gathers every rank's ``scores`` (``dist``, rank order), so
-    its indices run over the W * G * n rows of the whole step (K = W * G * m, the same on every rank). A rule's
-    ``options`` (names of algorithm keys) are read from ``alg``, the algorithm section.
+    A per-group rule keeps m per group (K = G * m); a rule whose ``RuleSpec`` says ``cross_group`` (``d3s_cross``)
+    picks over all G groups at once and returns the flat indices itself (K = G * m, any number per group). One with
+    ``across_ranks`` (``d3s_cross_step``) first gathers every rank's ``scores`` (``dist``, rank order), so its
+    indices run over the W * G * n rows of the whole step (K = W * G * m, the same on every rank). The spec's
+    ``options`` (names of algorithm keys) are read from ``alg``, the algorithm section (a plain dict of a whole one is
+    validated: ``ConfigError`` in one line).
     """
-    fn = RULES.get(rule)
-    opts = {k: getattr(alg, k) for k in getattr(fn, "options", ())} if alg is not None else {}
-    if getattr(fn, "across_ranks", False) and dist is not None:
+    fn, spec = RULES.get(rule), RULES.spec(rule)
+    alg = Algorithm.of(alg) if alg is not None else None  # the public door (docs/api.md); a typed section passes as it is
+    opts = {k: getattr(alg, k) for k in spec.options} if alg is not None else {}
+    if spec.across_ranks and dist is not None:
         scores = dist.all_gather(scores)  # [W * G, n]
-    if getattr(fn, "cross_group", False):
+    if spec.cross_group:
         return fn(scores, m, generator=generator, **opts)
     G, n = scores.shape
     return (fn(scores, m, generator=generator, **opts) + n * torch.arange(G, device=scores.device).unsqueeze(1)).flatten()

@@ -5,3 +5,9 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A bad config value, file or command line: one line naming the key (``pods.train`` exits 2 with it)."""
+
+
+def need(cond: object, msg: str) -> None:
+    """``ConfigError(msg)`` unless ``cond``: the one form of a rule's check (the schema's, the registries', the engines')."""
+    if not cond:
+        raise ConfigError(msg)

@@ -6,7 +6,12 @@ A ``Job`` is one ``pods.train`` run: its Hydra overrides and its run directory. 
   finished; a failed run stops the launch of the rest, the running ones finish, then ``SystemExit``;
 - ``slurm``: one GPU: a Hydra multirun through hydra-submitit-launcher (``hydra/launcher=<hydra_launcher>``),
   all submitted at once, each watched by its own process (returned: pass them to ``wait``); several GPUs: one
-  ``slurm/run_8gpu.sbatch`` job each.
+  ``slurm/run_8gpu.sbatch`` job each;
+- ``submitit``: SLURM through plain submitit, without Hydra's launcher plug-in (hydra-submitit-launcher):
+  one job per run, resources from its ``hardware.slurm`` block, the cluster from ``PODS_SLURM_*`` as
+  ``conf/hydra/launcher/slurm.yaml`` reads them; ``PODS_SUBMITIT_CLUSTER=local`` runs the jobs as submitit's
+  local subprocesses (what the tests use). Returned: pass them to ``wait``. No requeue: a run stopped by its
+  time limit continues from its last checkpoint when launched again (``train.resume=auto``).
 
 Every run directory gets ``launch.json``: ``{"status": "launched" | "finished" | "failed", "launcher", "pid",
 "cmd"}``. ``reusable`` says whether a run may be taken instead of launched again: finished, or launched and still
@@ -169,12 +174,82 @@ def submit_slurm(jobs: list[Job], hydra_launcher: str = "slurm", tag: str = "lau
     return procs
 
 
+@dataclass
+class _Command:
+    """What a plain-submitit job runs: one ``pods.train`` command in the repository (its output: the job's log)."""
+
+    cmd: list[str]
+
+    def __call__(self) -> None:
+        subprocess.run(self.cmd, cwd=ROOT, check=True)
+
+
+@dataclass
+class Submitted:
+    """A run submitted through plain submitit; ``wait()`` marks its ``launch.json`` and returns 0 when it finished."""
+
+    handle: object  # submitit.Job
+    job: Job
+    cmd: list[str]
+    launcher: str
+
+    def wait(self) -> int:
+        try:
+            self.handle.result()
+        except Exception as e:  # submitit's FailedJobError carries the job's log tail
+            print(f"[launch] {self.job.run_dir} failed: {(str(e).strip() or type(e).__name__).splitlines()[-1]}", flush=True)
+            mark(self.job.run_dir, "failed", self.launcher, self.cmd)
+            return 1
+        mark(self.job.run_dir, "finished", self.launcher, self.cmd)
+        return 0
+
+
+def _resources(job: Job) -> dict:
+    """submitit parameters of one run: its ``hardware.slurm`` block, else conf/hydra/launcher/slurm.yaml's defaults
+    (CPUs and memory: PODS_SLURM_CPUS, PODS_SLURM_MEM_GB as in slurm_cpu.yaml, else 2 and 8 GB)."""
+    from pods.compose import compose_plain
+
+    res = (compose_plain(job.overrides).get("hardware") or {}).get("slurm") or {}
+    env = {k: os.environ.get(f"PODS_SLURM_{k.upper()}") for k in ("partition", "account", "qos", "setup")}
+    params = {
+        "name": f"pods-{job.run_dir.name}",
+        "nodes": 1,
+        "tasks_per_node": 1,
+        "gpus_per_node": res.get("gpus_per_node") or None,  # none asked: no --gpus-per-node line
+        "cpus_per_task": res.get("cpus_per_task") or int(os.environ.get("PODS_SLURM_CPUS") or 2),
+        "mem_gb": res.get("mem_gb") or float(os.environ.get("PODS_SLURM_MEM_GB") or 8),
+        "timeout_min": res.get("timeout_min") or 60,
+        "stderr_to_stdout": True,
+        "slurm_constraint": res.get("constraint"),
+        "slurm_setup": [env["setup"]] if env["setup"] else None,
+        **{f"slurm_{k}": env[k] for k in ("partition", "account", "qos")},
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+@LAUNCHERS.register("submitit")
+def submit_submitit(jobs: list[Job], tag: str = "launch", **_) -> list[Submitted]:
+    """Submit ``jobs`` through plain submitit (see the module docstring); returns them (see ``wait``)."""
+    import submitit
+
+    cluster = os.environ.get("PODS_SUBMITIT_CLUSTER", "slurm")
+    launcher = "slurm" if cluster == "slurm" else "local"  # a SLURM run belongs to its queue (``reusable``)
+    submitted = []
+    for job in jobs:
+        executor = submitit.AutoExecutor(folder=job.run_dir.parent / ".submitit" / "%j", cluster=cluster)
+        executor.update_parameters(**_resources(job))
+        cmd = _local_cmd(job)
+        _started(job, cmd, launcher, tag)
+        submitted.append(Submitted(executor.submit(_Command(cmd)), job, cmd, launcher))
+    return submitted
+
+
 def launch(jobs: list[Job], launcher: str = "local", parallel: int = 1, hydra_launcher: str = "slurm", tag: str = "launch") -> list:
     """Start ``jobs`` with ``LAUNCHERS[launcher]`` (see the module docstring); returns the processes left to ``wait`` for."""
     return LAUNCHERS.get(launcher)(jobs, parallel=parallel, hydra_launcher=hydra_launcher, tag=tag)
 
 
-def wait(procs: list[subprocess.Popen], tag: str = "launch") -> None:
-    """Wait for every submitting process; ``SystemExit`` when one of their runs failed."""
+def wait(procs: list[subprocess.Popen | Submitted], tag: str = "launch") -> None:
+    """Wait for every submitting process or submitted run; ``SystemExit`` when one of their runs failed."""
     if any([p.wait() != 0 for p in procs]):  # a list: wait for every one before deciding
         raise SystemExit(f"[{tag}] a sweep failed; the same command again continues unfinished runs (train.resume=auto)")

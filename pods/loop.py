@@ -90,7 +90,7 @@ def rollout_step(cfg: Root, engine, backend, prompts, golds, gen, lr, pad_id: in
     a, s, ds, n = cfg.algorithm, cfg.sampling, cfg.dataset, cfg.algorithm.n
     step = plan(a, len(prompts), backend.micro_batch_size, progress)
     times = [time.perf_counter()]
-    ro = engine.generate(prompts, n, Sampling(s.temperature, s.top_p, s.top_k, s.max_tokens, stop=tuple(s.stop)))  # (2)
+    ro = engine.generate(prompts, n, Sampling.draw(s))  # (2)
     times.append(time.perf_counter())
     scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds.recipe, ds.grader, timeout_s=ds.grade_timeout_s)  # (3)
     rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(len(prompts), n)

@@ -8,12 +8,24 @@ with gradient accumulation yields exactly the big-batch gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from pods.registry import Registry
 
+
+@dataclass(frozen=True)
+class AggSpec:
+    """What a loss aggregation needs of the update (registered with it: ``AGGREGATIONS.spec(name)``)."""
+
+    prepare: Callable | None = None  # ``prepare(batch, backend)`` before each optimizer step's micro-batches (its normalisers)
+    whole_groups: bool = False  # it normalises per prompt group: a mini-batch must not split a group
+
+
 POLICY_LOSSES = Registry("policy loss")
-AGGREGATIONS = Registry("loss aggregation")
+AGGREGATIONS = Registry("loss aggregation", spec=AggSpec)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -181,7 +193,6 @@ def token_mean(per_token, mask, n_seqs: int, n_tokens: int):
     return (per_token * mask).sum() / max(n_tokens, 1)
 
 
-@AGGREGATIONS.register("bnpo")
 def bnpo(per_token, mask, n_seqs: int, n_tokens: int):
     """TRL 0.17's default: a token mean within each training unit, then an equal-weight mean over units and
     ranks. Here the unit is the paper's (one kept prompt group of m rows), not a hardware micro-batch, so the
@@ -207,4 +218,4 @@ def _bnpo_prepare(batch, backend) -> None:
     batch.agg_weights = bnpo_scale(group, batch.loss_mask, n_groups).unsqueeze(1)
 
 
-bnpo.prepare = _bnpo_prepare
+AGGREGATIONS.register("bnpo", bnpo, spec=AggSpec(prepare=_bnpo_prepare, whole_groups=True))

@@ -50,12 +50,11 @@ def unwrap(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def check_model_available(model: Model | dict) -> None:
+def check_model_available(model: Model) -> None:
     """Fail within seconds, naming model.path, when a hub id cannot be loaded (offline, not cached). ``model``: the
-    model section (a plain dict of it, e.g. ``{"path": ...}``, is read over the schema's defaults)."""
+    model section."""
     from pods.errors import ConfigError
 
-    model = Model.of(model)
     if model.builder:
         BUILDERS.get(model.builder)  # unknown builder -> ValueError naming the valid ones
         return
@@ -93,9 +92,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_model_dir(model: Model | dict) -> str:
+def resolve_model_dir(model: Model) -> str:
     """The model's directory: built by ``model.builder`` (first use), else ``model.path`` (a directory or a hub id)."""
-    model = Model.of(model)
     if model.builder:
         return str(BUILDERS.get(model.builder)(model))
     return model.path
@@ -113,12 +111,11 @@ def load_tokenizer(model_dir: str):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(model_dir: str, hw: Hardware | dict, quantization: str | None = None, **kwargs):
+def load_policy(model_dir: str, hw: Hardware, quantization: str | None = None, **kwargs):
     """from_pretrained with the hardware profile's dtype (and an optional 4-bit NF4 base for LoRA, as the
     authors' single-GPU runs); a clear message when the hub is unreachable."""
     from transformers import AutoModelForCausalLM
 
-    hw = Hardware.of(hw)
     if quantization == "4bit":
         from transformers import BitsAndBytesConfig
 

@@ -1,6 +1,6 @@
 """Checks of the machine a run starts on, made before any model or dataset loads: the device and dtype exist
 here, GPU-only settings are not asked of a CPU, local files exist, hub ids can be reached (or are cached), and a
-CUDA run's estimated peak memory fits its card (``pods.memory.check_fits``).
+CUDA run's estimated peak memory fits its card (``pods.memory.estimator.check_fits``).
 
 ``check_environment(cfg)`` takes the validated config (the typed root) and raises ``ConfigError`` with one line
 naming the key; the rules of a rollout engine's settings are the engine's own (``Engine.check``). ``pods.config.validate`` holds the rules that do not depend on the machine, so a GPU
@@ -12,24 +12,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pods.errors import ConfigError
-from pods.schema import Root, check
+from pods.errors import ConfigError, need
+from pods.schema import Root
 
 _TRUE = {"1", "true", "yes", "on"}
 CPU_PROFILES = "hardware=cpu (or cpu_mb16, cpu_ddp2_zero3)"
 
 
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
 def check_environment(cfg: Root) -> None:
-    """This machine can run ``cfg`` (the validated root; a plain dict is typed by the schema first)."""
+    """This machine can run ``cfg`` (the validated root)."""
     from pods.gpu_env import card_memory_gb, check_c_compiler
-    from pods.memory import check_fits
+    from pods.memory.estimator import check_fits
 
-    cfg = check(cfg)
     cuda = cfg.hardware.device == "cuda"
     check_fits(cfg, card_memory_gb(cfg.hardware.gpu_memory_gb) if cuda else None)  # the visible card's memory over the profile's
     _device(cfg)
@@ -43,32 +37,32 @@ def _device(cfg: Root) -> None:
 
     hw = cfg.hardware
     if hw.device == "cuda":
-        _need(
+        need(
             torch.cuda.is_available(),
             f"hardware.device=cuda (hardware={hw.name}) but no CUDA device is visible here: use {CPU_PROFILES}",
         )
         return
-    _need(
+    need(
         hw.dtype != "float16",
         "hardware.dtype=float16 needs a CUDA device (no fp16 loss scaling on CPU); valid on CPU: float32, bfloat16",
     )
-    _need(hw.dist_backend != "nccl", "hardware.dist_backend=nccl needs CUDA devices; valid on CPU: gloo")
-    _need(cfg.optim.name != "adamw_8bit", "optim.name=adamw_8bit (bitsandbytes) needs a CUDA device; valid on CPU: adamw")
+    need(hw.dist_backend != "nccl", "hardware.dist_backend=nccl needs CUDA devices; valid on CPU: gloo")
+    need(cfg.optim.name != "adamw_8bit", "optim.name=adamw_8bit (bitsandbytes) needs a CUDA device; valid on CPU: adamw")
 
 
 def _files(cfg: Root) -> None:
     for split in ("train", "test"):
         files = getattr(cfg.dataset, f"{split}_files", None)  # the hub dataset shape's local files
         for p in [files] if isinstance(files, str) else files or []:
-            _need(Path(p).is_file(), f"dataset.{split}_files: file not found: {p}")
+            need(Path(p).is_file(), f"dataset.{split}_files: file not found: {p}")
     resume = cfg.train.resume
-    _need(
+    need(
         resume in (None, "auto") or Path(resume).is_file(),
         f"train.resume: file not found: {resume} (valid: null, auto or a checkpoint file)",
     )
     path, builder = cfg.model.path, cfg.model.builder
     if not builder and path and (Path(path).is_absolute() or path.startswith(".")):
-        _need(Path(path).is_dir(), f"model.path: directory not found: {path}")
+        need(Path(path).is_dir(), f"model.path: directory not found: {path}")
 
 
 def offline() -> bool:

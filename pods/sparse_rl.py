@@ -20,19 +20,19 @@ import math
 
 import torch
 
-from pods.schema import SparseRl, defaults
+from pods.schema import Algorithm, SparseRl, defaults
 from pods.tokens import StepContext
 
 DEFAULTS = defaults(SparseRl)  # the schema's: the released thresholds, pods' normaliser (docs/sparse-rl.md)
 WEIGHT_NORMS = ("valid", "all", "none")
 
 
-def settings(alg) -> SparseRl:
-    """The correction's settings: ``algorithm.sparse_rl`` (a section, or a dict over the defaults)."""
-    return SparseRl.of(alg.get("sparse_rl") or {})
+def settings(alg: Algorithm) -> SparseRl:
+    """The correction's settings: ``algorithm.sparse_rl``."""
+    return alg.sparse_rl
 
 
-def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Tensor, c: dict, dist=None):
+def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Tensor, c: SparseRl | dict, dist=None):
     """Rejection mask and importance weights of one step's batch.
 
     dense, sparse: [B, C] log-probs of the sampled tokens under the dense old policy and the sparse sampler;
@@ -40,7 +40,7 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
     normaliser over ranks. Returns (new_mask [B, C], weights [B, C], stats dict of global sums); with
     ``norm_scope: micro_batch`` the weights are returned unnormalised (the update normalises each micro-batch).
     """
-    c = SparseRl.of(c)
+    c = SparseRl.of(c)  # the public door (docs/api.md): a plain dict is validated, ConfigError in one line
     valid = mask > 0
     raw = dense - sparse
     r = torch.exp(raw.clamp(-c.log_ratio_clamp, c.log_ratio_clamp))
@@ -69,7 +69,10 @@ def sparse_rl_weights(dense: torch.Tensor, sparse: torch.Tensor, mask: torch.Ten
 
 
 def sparse_rl(batch, ctx: StepContext) -> dict:
-    """Reject and reweight tokens of a sparse sampler against the dense old policy (edits the batch in place)."""
+    """Reject and reweight tokens of a sparse sampler against the dense old policy (edits the batch in place).
+
+    Registered lazily in pods.tokens as CORRECTIONS ``sparse_rl`` with ``TokenSpec(needs_stats=True)``: ``ctx.stats``
+    holds the dense pre-pass."""
     c = settings(ctx.alg)
     mask = batch.loss_mask
     new_mask, w, s = sparse_rl_weights(ctx.stats.logprobs.float(), batch.sampler_logprobs.float(), mask, c, ctx.dist)
@@ -88,6 +91,3 @@ def sparse_rl(batch, ctx: StepContext) -> dict:
         "mismatch_kl": s["kl"] / tokens,
         "mismatch_k3": s["k3"] / tokens,
     }
-
-
-sparse_rl.needs_stats = True  # registered lazily in pods.tokens as CORRECTIONS "sparse_rl"

@@ -139,6 +139,16 @@ def build_tiny(spec: dict, out_dir: Path) -> dict:
     return info
 
 
+def dataset_section(spec: dict | None = None):
+    """The task a tiny spec warm-starts on as its typed dataset section (``pods.schema.SHAPES``; the spec names no
+    recipe or grader, which the task's loader does not read)."""
+    from pods.schema import SHAPES, ToyDataset
+
+    node = (spec or DEFAULT_SPEC)["dataset"]
+    name = node.get("name", "toy_arith")
+    return SHAPES["dataset"].get(name, ToyDataset).of({"name": name, "recipe": "toy", "grader": "toy", **node})
+
+
 def _train_tiny(spec: dict):
     """The tokenizer trained on the task's text and the warm-started model (float32, eval mode)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -146,9 +156,10 @@ def _train_tiny(spec: dict):
     torch.manual_seed(spec["seed"])
     from pods.tasks import DATASETS
 
-    loader = DATASETS.get(spec["dataset"].get("name", "toy_arith"))  # hook: another task warm-starts via its ``sft_target``
-    target = getattr(loader, "sft_target", _toy_target)
-    data = loader(spec["dataset"])
+    name = spec["dataset"].get("name", "toy_arith")
+    loader = DATASETS.get(name)
+    target = DATASETS.spec(name).sft_target or _toy_target  # hook: another task warm-starts via its spec's ``sft_target``
+    data = loader(dataset_section(spec))
     texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
     tok = build_tokenizer(texts, spec["vocab_size"])
     cfg = Qwen2Config(

@@ -8,9 +8,9 @@ place and return metrics for the step's row. The loss normalisers are taken from
 stage, over each optimizer step's rows (all micro-batches, all ranks). A step with no token left keeps nothing and
 trains nothing (no optimizer step).
 
-A function says what it reads by attributes: ``needs_stats = True`` makes the loop run the no-grad
-pre-pass ``backend.policy_stats`` (dense current-policy log-probs, which also become ``batch.old_logprobs``),
-``needs_entropy = True`` adds the entropies to it. Neither is run when no function asks.
+A function says what it reads by the ``TokenSpec`` registered with it: ``needs_stats`` makes the loop run the
+no-grad pre-pass ``backend.policy_stats`` (dense current-policy log-probs, which also become ``batch.old_logprobs``),
+``needs_entropy`` adds the entropies to it. Neither is run when no function asks.
 """
 
 from __future__ import annotations
@@ -21,19 +21,33 @@ from typing import Any
 from pods.registry import Registry
 from pods.schema import Algorithm
 
-TOKEN_SELECTORS = Registry("token selector")
-CORRECTIONS = Registry("sampler correction")
-CORRECTIONS.register_lazy("sparse_rl", "pods.sparse_rl:sparse_rl")  # Sparse-RL: rejection + importance reweighting
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """What a correction or token selector needs (registered with it: ``CORRECTIONS.spec(name)``)."""
+
+    needs_stats: bool = False  # the no-grad pre-pass ``backend.policy_stats`` runs first (``StepContext.stats``)
+    needs_entropy: bool = False  # ... with the entropies (implies the pre-pass)
+    fraction_keys: tuple[str, ...] = ()  # algorithm keys that must be fractions in (0, 1] (``_final``: or null), by pods.config
+
+
+TOKEN_SELECTORS = Registry("token selector", spec=TokenSpec)
+CORRECTIONS = Registry("sampler correction", spec=TokenSpec)
+# Sparse-RL: rejection + importance reweighting
+CORRECTIONS.register_lazy("sparse_rl", "pods.sparse_rl:sparse_rl", spec=TokenSpec(needs_stats=True))
 
 
 @dataclass
 class StepContext:
     """What a token-level function may read besides the batch."""
 
-    alg: Any  # the algorithm section (pods.schema.Algorithm)
+    alg: Algorithm  # the algorithm section (a plain dict of a whole one is validated here: ConfigError in one line)
     progress: float  # training progress p in [0, 1] (the LR schedule's)
     dist: Any  # pods.distributed handle: all_gather / sums over ranks (one process: no-ops)
     stats: Any = None  # pods.backends.TokenStats of the batch, or None
+
+    def __post_init__(self) -> None:
+        self.alg = Algorithm.of(self.alg)  # the public door (docs/api.md): a typed section passes as it is
 
 
 @TOKEN_SELECTORS.register("all")
@@ -42,7 +56,9 @@ def keep_all_tokens(batch, ctx: StepContext) -> dict:
     return {}
 
 
-TOKEN_SELECTORS.register_lazy("d3s_top_k", "pods.d3s:top_k_tokens")  # D3S: top K% of tokens by |A| x entropy
+TOKEN_SELECTORS.register_lazy(  # D3S: top K% of tokens by |A| x entropy
+    "d3s_top_k", "pods.d3s:top_k_tokens", spec=TokenSpec(needs_entropy=True, fraction_keys=("token_keep", "token_keep_final"))
+)
 
 
 @CORRECTIONS.register("none")
@@ -51,15 +67,15 @@ def no_correction(batch, ctx: StepContext) -> dict:
     return {}
 
 
-def apply(batch, backend, alg, progress: float, dist) -> dict:
+def apply(batch, backend, alg: Algorithm, progress: float, dist) -> dict:
     """Run the configured correction, then the token selector, on ``batch``; returns their metrics. ``alg``: the
-    algorithm section (a plain dict of it is typed)."""
-    alg = Algorithm.of(alg)
+    algorithm section."""
     corr = CORRECTIONS.get(alg.correction)
     sel = TOKEN_SELECTORS.get(alg.token_rule)
-    entropy = any(getattr(f, "needs_entropy", False) for f in (corr, sel))
+    specs = (CORRECTIONS.spec(alg.correction), TOKEN_SELECTORS.spec(alg.token_rule))
+    entropy = any(s.needs_entropy for s in specs)
     stats = None
-    if entropy or any(getattr(f, "needs_stats", False) for f in (corr, sel)):
+    if entropy or any(s.needs_stats for s in specs):
         stats = backend.policy_stats(batch, entropy=entropy)
         if batch.old_logprobs is None:
             batch.old_logprobs = stats.logprobs

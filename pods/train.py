@@ -8,6 +8,7 @@ code 2 and one line naming the key. The run itself gets the validated plain dict
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -29,15 +30,21 @@ def fail(e: Exception) -> None:
     sys.exit(2)
 
 
+CHECKED: dict[str, tuple[Root, bool]] = {}  # plain config -> (its Root, machine checked): a run validates once
+
+
 def check(cfg: dict, machine: bool = True) -> Root:
-    """Schema, cross-field rules and (``machine``) this machine's devices, files and hub access; the completed config."""
+    """Schema, cross-field rules and (``machine``) this machine's devices, files and hub access; the completed config.
+    A config checked before in this process (preflight's, then the run Hydra composes) is not validated again."""
     from pods.config import validate
     from pods.preflight import check_environment
 
-    cfg = validate(cfg)  # the schema, then the cross-field rules
-    if machine:
-        check_environment(cfg)
-    return cfg
+    key = json.dumps(cfg, sort_keys=True, default=str)
+    root, machine_done = CHECKED.get(key) or (validate(cfg), False)  # the schema, then the cross-field rules
+    if machine and not machine_done:
+        check_environment(root)
+    CHECKED[key] = (root, machine or machine_done)
+    return root
 
 
 def preflight(argv: list[str]) -> None:
@@ -52,27 +59,67 @@ def preflight(argv: list[str]) -> None:
         raise ConfigError(f"{sweeps[0]}: several values need a sweep: add -m (--multirun)")
     with hydra_context("train"):
         if not multirun:
-            check(job_dict(compose_job(overrides)))
+            suite_of(check(job_dict(compose_job(overrides))))
             return
         first = compose_job([o for o in overrides if o not in sweeps])
         params = [f"{k}={v}" for k, v in (OmegaConf.select(first, "hydra.sweeper.params") or {}).items()]
-        for job in expand(params + overrides)[:MAX_CHECKED_JOBS]:
-            check(job_dict(compose_job(job)), machine=False)  # a sweep may run elsewhere (SLURM): each job checks its machine
+        for job in expand(params + overrides)[:MAX_CHECKED_JOBS]:  # a sweep may run elsewhere (SLURM): each job checks its machine
+            suite_of(check(job_dict(compose_job(job)), machine=False), machine=False)
 
 
-def suite(cfg: Root, run_dir: str) -> None:
-    """``eval.suite``: the finished run's final weights on a benchmark suite (``pods-eval``), by the process that owns
-    the run; written to ``<run_dir>/eval/<suite>/``."""
+def rank0() -> bool:
     import os
 
-    ev = cfg.eval
-    if ev.suite is None or os.environ.get("RANK", "0") != "0" or not (Path(run_dir) / "final").is_dir():
-        return
-    from pods.eval.cli import main as pods_eval
+    return os.environ.get("RANK", "0") == "0"
 
-    args = [str(run_dir), "--suite", ev.suite, "--engine", ev.suite_engine, "--device", cfg.hardware.device]
-    if pods_eval([*args, "--dtype", cfg.hardware.dtype, *ev.suite_overrides]) != 0:
-        fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed (above)"))
+
+def suite_options(cfg: Root):
+    """How ``eval.suite`` generates: ``eval.suite_engine`` (a dense engine, whatever engine trained) on the run's device."""
+    from pods.eval.run import Options
+
+    return Options(engine=cfg.eval.suite_engine, device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+
+
+def suite_of(cfg: Root, machine: bool = True):
+    """``eval.suite`` composed and checked with the Hydra initialised here (the app, or preflight's context), and
+    (``machine``) its engine's package present: a bad name or override is one line before anything trains."""
+    if cfg.eval.suite is None:
+        return None
+    from pods.eval.benchmarks import compose_suite
+    from pods.eval.run import check_options
+
+    if machine:
+        check_options(suite_options(cfg))
+    return compose_suite(cfg.eval.suite, cfg.eval.suite_overrides)
+
+
+def prepare_suite(cfg: Root) -> tuple | None:
+    """(suite, {benchmark: examples}) for the end of the run, composed and loaded before it trains (a missing file:
+    one line now, not after the run); None without ``eval.suite`` or on a rank that does not evaluate."""
+    bench = suite_of(cfg)
+    if bench is None or not rank0():
+        return None
+    from pods.eval.run import load_suite, suite_prompt
+
+    return bench, load_suite(bench, suite_prompt(bench, cfg.model_dump()))
+
+
+def suite(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
+    """``eval.suite``: the finished run's final weights on the prepared suite (``pods.eval.run.evaluate_suite``, as
+    ``pods-eval``), by the process that owns the run; written to ``<run_dir>/eval/<suite>/``."""
+    if prepared is None or not (Path(run_dir) / "final").is_dir():
+        return
+    from pods.eval.run import evaluate_suite
+    from pods.eval.weights import resolve
+
+    bench, data = prepared
+    out = Path(run_dir) / "eval" / bench.name
+    try:
+        evaluate_suite(bench, resolve(run_dir), suite_options(cfg), out, data)
+    except ConfigError as e:
+        fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}"))
+    print((out / "table.md").read_text())
+    print(f"-> {out}", flush=True)
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
@@ -86,10 +133,11 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         plain = check(to_plain(cfg))
+        prepared = prepare_suite(plain)  # before the run: Hydra is initialised here, so it composes with this one
         last = train(plain, run_dir)
     except (ConfigError, FileNotFoundError) as e:
         fail(e)
-    suite(plain, run_dir)
+    suite(plain, prepared, run_dir)
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")
 

@@ -211,7 +211,7 @@ def pick(n_total: int, k: int) -> list[int]:
 def memory_summary(cfg) -> dict:
     """The memory estimate's totals (GB per GPU); empty when it cannot be made for this config."""
     try:
-        from pods.memory import estimate
+        from pods.memory.estimator import estimate
 
         est = estimate(cfg)
     except Exception as e:  # noqa: BLE001 - an estimate is a nicety: a config it does not cover logs nothing

@@ -105,18 +105,19 @@ def final(run_dir: Path) -> dict:
     from pods.engines import ENGINES
     from pods.eval.accuracy import evaluate
     from pods.models import load_policy, load_tokenizer
-    from pods.schema import Eval, Hardware, ToyLongDataset, complete
+    from pods.schema import Hardware, HfRollout, check
     from pods.tasks import DATASETS, encode_prompts
 
     torch.set_num_threads(1)
-    cfg = json.loads((run_dir / "config.json").read_text())
+    plain = json.loads((run_dir / "config.json").read_text())
+    cfg = check({k: v for k, v in plain.items() if k != "provenance"})  # the run's config, validated
     from pods.metrics import read_metrics
 
     base = next(r["model_dir"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "setup")
     model_dir = str(run_dir / "final")  # the trained weights; final/ holds no tokenizer: the base model's
     tok = load_tokenizer(base)
-    policy = load_policy(model_dir, complete(Hardware, dtype="float32")).eval()
-    ds, ev, ro = ToyLongDataset.of(cfg["dataset"]), Eval.of(cfg["eval"]), cfg["rollout"]
+    policy = load_policy(model_dir, Hardware(name="cpu", dtype="float32")).eval()
+    ds, ev, ro = cfg.dataset, cfg.eval, cfg.rollout
     task = DATASETS.get(ds.name)(ds)
     ids, kept, _ = encode_prompts(task.test[: ev.max_examples], tok, ds.max_prompt_length)
     golds = [e.gold for e in kept]
@@ -125,7 +126,7 @@ def final(run_dir: Path) -> dict:
     sparse = ro["name"] == "sparse_hf"
     engines = {"own": ENGINES.get(ro["name"])(model_dir, tok, ro, policy=policy)}
     if sparse:
-        engines["dense"] = ENGINES.get("hf")(model_dir, tok, {"name": "hf", "max_batch": 256}, policy=policy)
+        engines["dense"] = ENGINES.get("hf")(model_dir, tok, HfRollout(name="hf"), policy=policy)
     out = {}
     for name, engine in engines.items():
         seen = []

@@ -27,7 +27,6 @@ from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
 from pods.progress import bar
 from pods.registry import Registry
 from pods.schema import Algorithm, Hardware, Model, Optim, Root, Sampling
-from pods.schema import check as typed
 from pods.step import mini_batch_bounds
 
 __all__ = [  # the batch's names are public here too (``pods.backends.base.build_batch``)
@@ -59,34 +58,25 @@ def adamw_8bit(params, o: Optim):  # the authors' single-GPU optimizer; needs bi
     return bnb.optim.AdamW8bit(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
-def loss_temperature(alg: Algorithm, sampling: Sampling | None = None) -> float:
+def loss_temperature(alg: Algorithm | Root, sampling: Sampling | None = None) -> float:
     """The temperature dividing the logits in the loss: ``algorithm.loss_temperature`` = ``sampling`` (the
     sampling temperature: the log-probs of the distribution the rollouts were drawn from) or a number (1.0 =
     the raw logits, as the authors' single-GPU trainer on TRL 0.14 did for samples drawn at T = 0.9).
-    ``loss_temperature(cfg)`` with the whole config (typed or a plain dict) reads both sections of it."""
+    ``loss_temperature(cfg)`` with the whole config (the typed root) reads both sections of it."""
     if sampling is None:
-        cfg = typed(alg)
-        alg, sampling = cfg.algorithm, cfg.sampling
+        alg, sampling = alg.algorithm, alg.sampling
     t = alg.loss_temperature
     return float(sampling.temperature if t == "sampling" else t) or 1.0
 
 
 class Updater:
-    """The policy update over the five hooks of the module docstring. ``alg`` (the algorithm section; a plain dict of
-    it is typed), ``micro_batch_size`` and, for the hooks, the loss's ``temperature`` are set by the subclass."""
+    """The policy update over the five hooks of the module docstring. ``alg`` (the algorithm section), ``micro_batch_size`` and, for the hooks, the loss's ``temperature`` are set by the subclass."""
 
+    alg: Algorithm
     micro_batch_size: int
     device: torch.device = torch.device("cpu")
     gap_check: GapCheck | None = None  # what the sampler gap measures (pods.backends.gap); None: a plain sync check
     rank: int = 0
-
-    @property
-    def alg(self) -> Algorithm:
-        return self._alg
-
-    @alg.setter
-    def alg(self, value: Algorithm | dict) -> None:
-        self._alg = Algorithm.of(value)
 
     def forward_stats(self, mb: TrainBatch, entropy: bool = False) -> TokenStats:
         raise NotImplementedError
@@ -138,7 +128,7 @@ class Updater:
         correction act across the later ones. ``sampler_gap`` (``pods.backends.gap``) is measured on the log-probs of
         the policy before this step's first optimizer step: that pre-pass, or the first optimizer step's forwards."""
         a = self.alg
-        groups = batch.group.tolist() if batch.group is not None and a.loss_agg == "bnpo" else None
+        groups = batch.group.tolist() if batch.group is not None and AGGREGATIONS.spec(a.loss_agg).whole_groups else None
         bounds = mini_batch_bounds(len(batch), a.mini_batch_size, groups)
         total = a.ppo_epochs * len(bounds)
         if total > 1 and batch.old_logprobs is None:
@@ -175,8 +165,9 @@ class Updater:
         n_seqs, n_tokens = self.step_totals(len(batch), int(batch.loss_mask.sum().item()))
         if n_tokens == 0:
             return None
-        if hasattr(agg, "prepare"):  # per-row normalisers over the optimizer step (bnpo's per-group token counts)
-            agg.prepare(batch, self)
+        prepare = AGGREGATIONS.spec(a.loss_agg).prepare
+        if prepare is not None:  # per-row normalisers over the optimizer step (bnpo's per-group token counts)
+            prepare(batch, self)
         sums = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "tokens": n_tokens, "lr": lr}
         for mb in bar(list(self.micro_batches(batch, micro_batch_size)), desc="update", leave=False, disable=not progress):
             logp = self.forward_logprobs(mb)
@@ -231,18 +222,16 @@ class Sections:
 
 class Backend(Updater, ABC):
     """A training backend: the policy (``policy``, the module an in-process engine generates with), its optimizer and
-    the update's hooks. Built as ``cls(model_dir, cfg)``: ``cfg`` is the typed root (a plain dict of one is typed by
-    the schema first) or its ``Sections``; the backend keeps only the sections (``model_cfg``, ``hw``, ``alg``,
+    the update's hooks. Built as ``cls(model_dir, cfg)``: ``cfg`` is the typed root (checked by ``pods.config.validate``,
+    which runs ``check``) or its ``Sections``; the backend keeps only the sections (``model_cfg``, ``hw``, ``alg``,
     ``optim_cfg``). ``collective_forward``: every forward is a collective over ranks (ZeRO-3), so ranks run them in
     lockstep. A sharded backend (DeepSpeed) adds ``save_sharded``/``load_sharded``, which ``pods.checkpoint`` calls
     instead of ``state_dict``/``load_state_dict``."""
 
     collective_forward: bool = False
 
-    def __init__(self, model_dir: str, cfg: Root | dict | Sections):
+    def __init__(self, model_dir: str, cfg: Root | Sections):
         if not isinstance(cfg, Sections):
-            cfg = typed(cfg)
-            type(self).check(cfg)  # the plug-in's own rules, also for callers that skip pods.config.validate
             cfg = Sections.of(cfg)
         self.model_cfg, self.hw, self.alg, self.optim_cfg = cfg.model, cfg.hardware, cfg.algorithm, cfg.optim
         self.micro_batch_size = cfg.hardware.micro_batch_size

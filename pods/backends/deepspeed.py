@@ -97,7 +97,7 @@ def _layer_of(name: str) -> str:
 class DeepSpeedBackend(Backend):
     """``hardware.backend=deepspeed``: full fine-tuning, ZeRO-2/3 over the process group ``pods.distributed`` made."""
 
-    def __init__(self, model_dir: str, cfg: Root | dict | Sections):
+    def __init__(self, model_dir: str, cfg: Root | Sections):
         import deepspeed
         from deepspeed.accelerator import get_accelerator
         from transformers.integrations import HfDeepSpeedConfig

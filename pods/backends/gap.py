@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from pods.engines import ENGINES  # the layer below: each engine says what its log-probs are
 from pods.log import get
 
 if TYPE_CHECKING:
@@ -65,8 +66,6 @@ class GapCheck:
     def of(cls, cfg: Root) -> GapCheck:
         """From the typed root: the sampling vs the loss's temperature, the engine's own word on its log-probs
         (``Engine.gap_meaning``) and ``train.sampler_gap_warn``."""
-        from pods.engines import ENGINES
-
         t_loss = cfg.algorithm.loss_temperature
         dtype = getattr(cfg.rollout, "dtype", None) or cfg.hardware.dtype  # an engine without one samples with the trainer
         warn = cfg.train.sampler_gap_warn or AUTO_WARN[dtype]

@@ -57,7 +57,7 @@ class LocalBackend(Backend):
     """``hardware.backend=local``: one process, one device; LoRA (peft, optionally on a 4-bit NF4 base) or full
     fine-tuning, with the optimizer ``optim.name`` names (``OPTIMIZERS``)."""
 
-    def __init__(self, model_dir: str, cfg: Root | dict | Sections):
+    def __init__(self, model_dir: str, cfg: Root | Sections):
         super().__init__(model_dir, cfg)
         hw, quant = self.hw, self.model_cfg.quantization
         self.device = torch.device(hw.device)

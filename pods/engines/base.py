@@ -15,23 +15,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pods.registry import Registry
-from pods.schema import Section
+from pods.schema import Section, sections
 
 if TYPE_CHECKING:
-    from pods.memory.lines import EngineMemory, Fits, Fix
+    from pods.engines.memory import EngineMemory, Fits, Fix
     from pods.schema import Root
 
 ENGINES = Registry("rollout engine")
 
 
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 = off
-    max_tokens: int = 16
+class Sampling(sections.Sampling):
+    """One ``generate`` call's sampling: the sampling section's keys and defaults (``pods.schema.Sampling``, the only
+    ones) plus the call's seed (None = unseeded). ``Sampling.draw(section, seed)`` takes them from a run's section
+    (``sampling``, ``eval``, a suite); stop strings stop the engines that support them, end-of-turn ids always stop."""
+
     seed: int | None = None
-    stop: tuple[str, ...] = ()  # stop strings (engines that support them: vllm); end-of-turn ids always stop
+
+    @classmethod
+    def draw(cls, section: sections.Sampling, seed: int | None = None) -> Sampling:
+        return cls(**{k: getattr(section, k) for k in sections.Sampling.model_fields}, seed=seed)
 
 
 @dataclass
@@ -117,7 +119,7 @@ class PolicyEngine(Engine):
     def __init__(self, model_dir, tokenizer, cfg, policy=None):
         if policy is None:
             raise ValueError(f"the {self.label} engine generates with the training model: pass policy=")
-        self.policy, self.tok, self.cfg = policy, tokenizer, self.section.of(cfg)
+        self.policy, self.tok, self.cfg = policy, tokenizer, cfg
         eos = policy.generation_config.eos_token_id
         self.stop_ids = {i for i in (eos if isinstance(eos, list) else [eos]) if i is not None} | {tokenizer.eos_token_id}
 

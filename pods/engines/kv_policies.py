@@ -3,11 +3,13 @@
 A policy picks which cached positions of one layer survive a compression:
 ``fn(keys [B, H_kv, L, D], queries [B, H_q, w, D] | None, keep: int, c: SparseHfRollout) -> idx [B, keep]`` (sorted
 indices into the L cached entries; the same set for every head of the layer, as in the authors' SGLang
-code). ``queries`` are the post-RoPE queries of the last ``c.window`` decoded tokens (only for policies
-with ``needs_queries``). Values of the constants: docs/sparse-rl.md.
+code). ``queries`` are the post-RoPE queries of the last ``c.window`` decoded tokens (only for policies whose
+``KvSpec`` says ``needs_queries``; None otherwise). Values of the constants: docs/sparse-rl.md.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -15,19 +17,26 @@ import torch.nn.functional as F
 from pods.registry import Registry
 from pods.schema import SparseHfRollout
 
-KV_POLICIES = Registry("KV compression method")
+
+@dataclass(frozen=True)
+class KvSpec:
+    """What a KV policy needs of the engine (registered with it: ``KV_POLICIES.spec(name)``)."""
+
+    needs_queries: bool = False  # the engine hooks the attention to record the last ``window`` decoded queries
+    always_kept: str = "window"  # the rollout key counting the positions every compression keeps (budget must exceed it)
 
 
-@KV_POLICIES.register("sink_window")
+KV_POLICIES = Registry("KV compression method", spec=KvSpec)
+_WINDOWED = KvSpec(needs_queries=True)  # observation-window policies: they score positions with the recent queries
+
+
+@KV_POLICIES.register("sink_window", spec=KvSpec(always_kept="sink"))
 def sink_window(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """StreamingLLM: the first ``sink`` positions plus the most recent ``keep - sink``."""
     B, L = keys.shape[0], keys.shape[2]
     sink = int(c.sink)
     idx = torch.cat([torch.arange(sink), torch.arange(L - (keep - sink), L)])
     return idx.unsqueeze(0).expand(B, -1).to(keys.device)
-
-
-sink_window.needs_queries = False
 
 
 def _window_attention(keys, queries, w: int) -> torch.Tensor:
@@ -48,15 +57,12 @@ def _select(score: torch.Tensor, L: int, keep: int, w: int) -> torch.Tensor:
     return torch.cat([top, recent], dim=1).sort(dim=1).values
 
 
-@KV_POLICIES.register("snapkv")
+@KV_POLICIES.register("snapkv", spec=_WINDOWED)
 def snapkv(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """SnapKV: window attention, max-pooled over ``kernel`` neighbours, summed over heads; keep the top positions."""
     w, kernel = int(c.window), int(c.kernel)
     attn = F.max_pool1d(_window_attention(keys, queries, w), kernel_size=kernel, padding=kernel // 2, stride=1)
     return _select(attn.sum(dim=1), keys.shape[2], keep, w)
-
-
-snapkv.needs_queries = True
 
 
 def _redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -72,13 +78,10 @@ def _redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
     return sim.mean(dim=-2).softmax(dim=-1)
 
 
-@KV_POLICIES.register("rkv")
+@KV_POLICIES.register("rkv", spec=_WINDOWED)
 def rkv(keys, queries, keep: int, c: SparseHfRollout) -> torch.Tensor:
     """R-KV: alpha * pooled window attention - (1 - alpha) * key redundancy, summed over heads."""
     w, kernel, alpha = int(c.window), int(c.kernel), float(c.mix_alpha)
     attn = F.max_pool1d(_window_attention(keys, queries, w), kernel_size=kernel, padding=kernel // 2, stride=1)
     red = _redundancy(keys, float(c.sim_threshold))[..., : keys.shape[2] - w]
     return _select((alpha * attn - (1 - alpha) * red).sum(dim=1), keys.shape[2], keep, w)
-
-
-rkv.needs_queries = True

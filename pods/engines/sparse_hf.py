@@ -25,11 +25,9 @@ from pods.progress import bar
 from pods.schema import SparseHfRollout
 
 
-def check_settings(cfg: SparseHfRollout | dict) -> SparseHfRollout:
-    """The engine's settings (a plain dict: over the schema's defaults); a bad value raises ValueError naming the key."""
-    c = SparseHfRollout.of(cfg)
-    KV_POLICIES.get(c.method)
-    floor = c.sink if c.method == "sink_window" else c.window
+def check_settings(c: SparseHfRollout) -> SparseHfRollout:
+    """The engine's settings checked across keys; a bad value raises ValueError naming the key."""
+    floor = getattr(c, KV_POLICIES.spec(c.method).always_kept)  # sink for sink_window, window for the query policies
     if not c.interval >= 1 or c.budget - c.interval <= floor:
         raise ValueError(
             f"rollout.budget - rollout.interval must exceed {floor} (the always-kept positions): got {c.budget} - {c.interval}"
@@ -153,7 +151,7 @@ class SparseHFEngine(PolicyEngine):
         B, P = len(prompts), len(prompts[0])
         ids = torch.tensor(prompts, device=device)
         cache, queries = DynamicCache(), [None] * model.config.num_hidden_layers
-        handles = self._query_hooks(model, queries) if getattr(self.method, "needs_queries", False) else []
+        handles = self._query_hooks(model, queries) if KV_POLICIES.spec(self.cfg.method).needs_queries else []
         kept = [torch.arange(P, device=device).expand(B, -1) for _ in queries]  # absolute positions per layer
         toks, lps = [], []
         done = torch.zeros(B, dtype=torch.bool, device=device)

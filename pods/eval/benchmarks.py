@@ -8,13 +8,14 @@ read out of its column (``gold``: a name in ``GOLDS``), and the grader that fits
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
+from pods.compose import CONF, compose_job, hydra_context, to_plain
 from pods.errors import ConfigError
 from pods.registry import Registry
-from pods.schema.sections import Hub, Section  # the run config's sections: strict, unknown keys refused
+from pods.schema import Hub, Sampling, Section, _validate, defaults  # the run config's sections: strict, unknown keys refused
 from pods.tasks.base import Example
 
 GOLDS = Registry("gold format")
@@ -36,7 +37,9 @@ class Benchmark(Section):
     dataset: dict[str, Any] = {}  # loader=dataset: the builder's config (name and its keys)
 
 
-class Suite(Section):
+class Suite(Sampling):
+    """A benchmark suite: how it samples (the ``Sampling`` keys and defaults, ``suite.max_tokens``, ...) and what it runs."""
+
     name: str
     benchmarks: dict[str, Benchmark]
     only: list[str] | None = None  # evaluate just these benchmarks of the suite
@@ -44,10 +47,6 @@ class Suite(Section):
     grader: str | None = None  # null = each benchmark's grader
     samples: Pos = 1  # completions per problem
     ks: list[Pos] | None = None  # pass@k / maj@k; null = 1, 2, 4, ... up to samples
-    temperature: Annotated[float, Field(ge=0)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    max_tokens: Pos = 512
     max_prompt_length: Pos | None = None  # longer prompts are dropped (and counted); null = keep all
     seed: int = 0
     per_benchmark: dict[str, dict[str, Any]] = {}  # name -> {samples, max_tokens, ks} for that benchmark only
@@ -59,19 +58,15 @@ class Plan(Section):
     samples: Pos
     max_tokens: Pos
     ks: list[Pos] | None = None
-    engine: Literal["hf", "vllm"] = "hf"
 
 
 def check_suite(cfg: dict) -> Suite:
-    """The composed suite validated, the names in it checked, every k <= its samples; ``ConfigError`` in one line."""
+    """The composed suite validated (``pods.schema``'s one-line messages), the names in it checked, every k <= its
+    samples; ``ConfigError`` in one line."""
     from pods.tasks import GRADERS
     from pods.tasks.prompts import PROMPTS
 
-    try:
-        suite = Suite.model_validate(cfg)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ConfigError(f"suite.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    suite = _validate(Suite, cfg, "suite")
     unknown = [b for b in (suite.only or []) + list(suite.per_benchmark) if b not in suite.benchmarks]
     if unknown:
         raise ConfigError(f"suite '{suite.name}': unknown benchmark '{unknown[0]}'; valid: {', '.join(sorted(suite.benchmarks))}")
@@ -90,10 +85,7 @@ def check_suite(cfg: dict) -> Suite:
 
 def plan_for(suite: Suite, name: str) -> Plan:
     base = {"samples": suite.samples, "max_tokens": suite.max_tokens, "ks": suite.ks}
-    try:
-        return Plan.model_validate({**base, **suite.per_benchmark.get(name, {})})
-    except ValidationError as e:
-        raise ConfigError(f"suite.per_benchmark.{name}: {e.errors()[0]['msg']}") from None
+    return _validate(Plan, {**base, **suite.per_benchmark.get(name, {})}, f"suite.per_benchmark.{name}")
 
 
 def selected(suite: Suite) -> list[str]:
@@ -164,10 +156,18 @@ def load_records(b: Benchmark, prompt: str) -> list[Example]:
 
 @LOADERS.register("dataset")
 def load_dataset_split(b: Benchmark, prompt: str) -> list[Example]:
-    """A pods dataset builder's test split (the toy tasks: their own prompt, so ``prompt`` is not used)."""
+    """A pods dataset builder's test split (the toy tasks: their own prompt, so ``prompt`` is not used). ``dataset`` is
+    validated as the builder's section (``pods.schema.SHAPES``); its recipe is not read, its grader is the benchmark's."""
+    from pods.schema import SHAPES
     from pods.tasks import DATASETS
 
-    data = DATASETS.get(b.dataset["name"])(dict(b.dataset)).test
+    name = b.dataset.get("name")
+    if name not in DATASETS:
+        raise ConfigError(f"dataset.name: unknown dataset '{name}'; valid: {', '.join(DATASETS.names())}")
+    shape = SHAPES["dataset"].get(name)
+    if not isinstance(shape, type):
+        raise ConfigError(f"loader dataset reads the toy tasks' test splits, not '{name}' (use files or hub)")
+    data = DATASETS.get(name)(shape.of({"recipe": "correctness", "grader": b.grader, **b.dataset})).test
     return data[: b.size] if b.size else data
 
 
@@ -178,22 +178,41 @@ def load_benchmark(b: Benchmark, prompt: str) -> list[Example]:
 # --- composition ------------------------------------------------------------------------------------------
 
 
+SUITES = CONF / "suite"  # conf/suite/<name>.yaml
+
+
+def suites() -> list[str]:
+    return sorted(p.stem for p in SUITES.glob("*.yaml"))
+
+
 def register() -> None:
     """The schema defaults as ``benchmark/_base`` and ``suite/_base`` (every key present, so overrides need no ``+``)."""
     from hydra.core.config_store import ConfigStore
 
-    cs = ConfigStore.instance()
     for group, model in (("benchmark", Benchmark), ("suite", Suite)):
-        node = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
-        cs.store(group=group, name="_base", node=node)
+        ConfigStore.instance().store(group=group, name="_base", node=defaults(model))
 
 
 def compose_suite(name: str, overrides: list[str] | None = None) -> Suite:
     """``conf/suite/<name>.yaml`` with ``suite.``-prefixed overrides (``suite.samples=4``,
-    ``suite.benchmarks.math500.files=/data/math500.jsonl``), checked; ``ConfigError`` in one line."""
-    from pods.compose import compose_job, hydra_context, job_dict
+    ``suite.benchmarks.math500.files=/data/math500.jsonl``), checked; ``ConfigError`` in one line.
 
+    Composed with Hydra's compose API: inside an initialised Hydra (``pods.train``'s app, its preflight) with that one,
+    never a second initialisation (Hydra refuses one: "GlobalHydra is already initialized"); else in its own."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if name not in suites():
+        raise ConfigError(f"unknown suite '{name}'; valid: {', '.join(suites())}")
+    overrides = list(overrides or [])
+    bad = [o for o in overrides if not o.lstrip("+~").startswith("suite.")]
+    if bad:
+        raise ConfigError(f"suite override '{bad[0]}': overrides are suite keys, e.g. suite.samples=4 or suite.only=[gsm8k]")
+    for key in {o.lstrip("+~").split("=", 1)[0].split(".")[1] for o in overrides} - set(Suite.model_fields):
+        _validate(Suite, {"name": name, "benchmarks": {}, key: None}, "suite")  # the schema's message: closest valid key
     register()
-    with hydra_context("pods-eval"):
-        cfg = job_dict(compose_job(list(overrides or []), config_name=f"suite/{name}"))
-    return check_suite(cfg["suite"])
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose_job(overrides, config_name=f"suite/{name}")
+    else:
+        with hydra_context("pods-eval"):
+            cfg = compose_job(overrides, config_name=f"suite/{name}")
+    return check_suite(to_plain(cfg.suite))  # not job_dict: it would set the running app's HydraConfig

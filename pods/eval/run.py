@@ -1,37 +1,87 @@
-"""Generate and grade one suite: per benchmark, ``samples`` completions per problem, graded by the benchmark's grader
-(or the suite's), then avg@n, pass@k and maj@k (pods.eval.metrics). Writes samples.jsonl, table.md, config.json."""
+"""Evaluate a model on a suite: ``evaluate_suite(suite, target, options, out)``, the one function behind ``pods-eval``
+and a training run's ``eval.suite``. Per benchmark, ``samples`` completions per problem, graded by the benchmark's
+grader (or the suite's), then avg@n, pass@k and maj@k (pods.eval.metrics). Writes summary.json, table.md,
+samples.jsonl and config.json."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from pods.errors import ConfigError
+from pods.eval.benchmarks import Pos, Suite, load_benchmark, selected
+from pods.eval.weights import Target
+from pods.schema import Section, _validate
 
-def build_engine(target, args):
-    """(engine, tokenizer): the HF engine over the loaded model, or vLLM over a directory holding the same weights."""
+PACKAGES = {"vllm": "vllm"}  # engines that need a package pods does not install with itself: checked before a model loads
+
+
+class Options(Section):
+    """How a suite is generated: the engine (a name in ``pods.engines.ENGINES``: ``--engine``, ``eval.suite_engine``),
+    the device and dtype the weights load in, and the sequences per generate call (engines that batch by count)."""
+
+    engine: str = "hf"
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: Pos = 64
+
+
+def check_options(options: Options) -> None:
+    """The engine exists and can be imported here; ``ConfigError`` in one line, before anything loads."""
+    import importlib.util
+
+    from pods.engines import ENGINES
+
+    if options.engine not in ENGINES:
+        raise ConfigError(f"engine: unknown rollout engine '{options.engine}'; valid: {', '.join(ENGINES.names())}")
+    package = PACKAGES.get(options.engine)
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"engine {options.engine}: {package} is not installed (pip install '.[cpu]' or '.[gpu]'), or use engine hf")
+
+
+def suite_prompt(suite: Suite, run_cfg: dict | None) -> str:
+    """The suite's prompt, else the run's training prompt, else ``pods_instruct`` (a plain model)."""
+    return suite.prompt or (run_cfg or {}).get("dataset", {}).get("prompt_format") or "pods_instruct"
+
+
+def load_suite(suite: Suite, prompt: str) -> dict[str, list]:
+    """{benchmark: examples} of the selected benchmarks; a missing file or column is a ``ConfigError`` in one line."""
+    data = {}
+    for name in selected(suite):
+        try:
+            data[name] = load_benchmark(suite.benchmarks[name], prompt)
+        except (ValueError, FileNotFoundError) as e:  # ConfigError included: one line, named by its benchmark
+            raise ConfigError(f"benchmark '{name}': {e}") from None
+    return data
+
+
+def build_engine(target: Target, options: Options):
+    """(engine, tokenizer) from ``pods.engines.ENGINES``: an engine that samples with a module gets the loaded weights;
+    one that loads its own copy (vLLM) gets a directory holding them (a run's weights, a LoRA merged in, written out)."""
+    from pods.engines import ENGINES
+    from pods.engines.base import PolicyEngine
     from pods.eval.weights import load
     from pods.models import load_tokenizer
 
-    tok = load_tokenizer(target.base)
-    if args.engine == "hf":
-        from pods.engines.hf import HFEngine
-
-        model, base = load(target, args.device, args.dtype)
-        return HFEngine(base, tok, {"max_batch": args.max_batch}, policy=model), tok
-    from pods.engines.vllm import VLLMEngine
-    from pods.schema import VllmRollout, complete
-
+    cls, tok = ENGINES.get(options.engine), load_tokenizer(target.base)
+    given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
+    section = _validate(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
+    if issubclass(cls, PolicyEngine):
+        model, base = load(target, options.device, options.dtype)
+        return cls(base, tok, section, policy=model), tok
     model_dir = target.base
-    if target.kind != "model":  # vLLM loads a directory: write the run's weights (a LoRA merged in) to one
-        model, _ = load(target, "cpu", args.dtype)
+    if target.kind != "model":
+        model, _ = load(target, "cpu", options.dtype)
         model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
         model_dir = tempfile.mkdtemp(prefix="pods-eval-")
         model.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
-    return VLLMEngine(model_dir, tok, complete(VllmRollout, name="vllm", dtype=args.dtype)), tok
+    return cls(model_dir, tok, section), tok
 
 
 def answer_key(extracted: str | None) -> str | None:
@@ -51,7 +101,7 @@ def run_benchmark(engine, tok, suite, name: str, examples: list, samples_file) -
     plan, bench = plan_for(suite, name), suite.benchmarks[name]
     grader = suite.grader or bench.grader
     ids, kept, dropped = encode_prompts(examples, tok, suite.max_prompt_length)
-    sampling = Sampling(temperature=suite.temperature, top_p=suite.top_p, top_k=suite.top_k, max_tokens=plan.max_tokens, seed=suite.seed)
+    sampling = Sampling.draw(suite.model_copy(update={"max_tokens": plan.max_tokens}), seed=suite.seed)
     torch.manual_seed(suite.seed)
     ro = engine.generate(ids, plan.samples, sampling, progress=True)
     golds = [ex.gold for ex in kept for _ in range(plan.samples)]
@@ -92,11 +142,17 @@ def table(per: dict, macro: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def evaluate_suite(suite, target, data: dict, prompt: str, out: Path, args) -> dict:
+def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, data: dict | None = None) -> dict:
+    """Evaluate ``target`` on ``suite`` and write ``out``/{summary.json, table.md, samples.jsonl, config.json}; the
+    summary. ``data``: the benchmarks already loaded (``load_suite``), else loaded here before the model."""
     from pods.eval.metrics import macro_average
 
+    start = time.time()
+    check_options(options)
+    prompt = suite_prompt(suite, target.run_cfg)
+    data = load_suite(suite, prompt) if data is None else data
     out.mkdir(parents=True, exist_ok=True)
-    engine, tok = build_engine(target, args)
+    engine, tok = build_engine(target, options)
     per = {}
     with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
         for name, examples in data.items():
@@ -104,7 +160,10 @@ def evaluate_suite(suite, target, data: dict, prompt: str, out: Path, args) -> d
             per[name] = run_benchmark(engine, tok, suite, name, examples, f)
     macro = macro_average(per)
     (out / "table.md").write_text(table(per, macro))
-    config = {"suite": suite.model_dump(), "model": args.model, "weights": str(target.weights or target.base), "kind": target.kind}
-    config |= {"engine": args.engine, "prompt": prompt, "device": args.device, "dtype": args.dtype}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return {"suite": suite.name, "model": args.model, "weights": config["weights"], "prompt": prompt, "benchmarks": per, "macro": macro}
+    model, weights = str(target.run_dir or target.base), str(target.weights or target.base)
+    config = {"suite": suite.model_dump(), "model": model, "weights": weights, "kind": target.kind, "prompt": prompt}
+    (out / "config.json").write_text(json.dumps(config | options.model_dump(exclude={"max_batch"}), indent=2) + "\n")
+    summary = {"suite": suite.name, "model": model, "weights": weights, "prompt": prompt, "benchmarks": per, "macro": macro}
+    summary["seconds"] = round(time.time() - start, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

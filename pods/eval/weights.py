@@ -38,21 +38,21 @@ def run_config(path: Path) -> dict | None:
 
 
 def resolve(model: str, checkpoint: str | None = None) -> Target:
-    from pods.models import check_model_available
+    from pods.models import check_model_available, resolve_model_dir
+    from pods.schema import Model
 
     path = Path(model)
     cfg = run_config(path) if path.is_dir() else None
     if cfg is None:
         if checkpoint:
             raise ConfigError(f"--checkpoint needs a pods run directory; '{model}' is not one (no pods config.json)")
-        check_model_available({"path": model})  # a hub id offline and not cached: one line
+        check_model_available(Model.of({"name": model, "path": model}))  # a hub id offline and not cached: one line
         return Target("model", model)
     lora = cfg["hardware"].get("lora") if cfg["hardware"].get("finetune") == "lora" else None
     kind, weights = run_weights(path, checkpoint)  # before the base is resolved: a tiny builder would build it
-    from pods.models import resolve_model_dir
-
-    check_model_available(cfg["model"])
-    base = str(resolve_model_dir(cfg["model"]))
+    run_model = Model.of(cfg["model"])  # the run's model section, validated (ConfigError naming the key)
+    check_model_available(run_model)
+    base = str(resolve_model_dir(run_model))
     if kind == "final" and not (weights / "adapter_config.json").is_file():
         lora = None
     return Target(kind, base, weights, lora, path, cfg)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pods.compose import CONF, compose
 from pods.errors import ConfigError
-from pods.memory import Estimate, estimate, largest_fitting
+from pods.memory.estimator import Estimate, estimate, largest_fitting
 from pods.schema import Root
 from pods.step import largest_micro_batch
 

@@ -9,7 +9,7 @@ of its backward pass, or the optimizer step's temporaries, whichever peak is hig
 from __future__ import annotations
 
 from pods.architectures import head_dim, parameter_count
-from pods.memory.lines import DTYPE_BYTES, seq_tokens
+from pods.engines.memory import DTYPE_BYTES, seq_tokens
 from pods.step import largest_micro_batch
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # bitsandbytes NF4, double quantisation: codes + an 8-bit scale per 64 + fp32 per 256 blocks

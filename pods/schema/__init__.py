@@ -12,10 +12,12 @@ A group whose options differ in shape picks its model by ``name`` (``SHAPES``): 
 from __future__ import annotations
 
 import copy
+import difflib
 
 from pydantic import BaseModel, ValidationError
 
 from pods.errors import ConfigError
+from pods.schema.messages import explain, section_of
 from pods.schema.sections import (  # noqa: F401 - the sections are this package's public names
     SHAPES,
     Algorithm,
@@ -40,7 +42,6 @@ from pods.schema.sections import (  # noqa: F401 - the sections are this package
     Train,
     VllmRollout,
     Wandb,
-    construct,
 )
 
 
@@ -77,8 +78,6 @@ def _validate(model: type[Section], node: dict, where: str) -> Section:
     try:
         return model.model_validate(node)
     except ValidationError as e:
-        from pods.schema.messages import explain
-
         raise ConfigError(explain(e, model, where)) from None
 
 
@@ -89,9 +88,9 @@ def defaults(model: type[Section]) -> dict:
 
 
 def complete(model: type[Section], node: dict | None = None, **values) -> Section:
-    """One section for a caller that builds its own (a test, a benchmark): the schema's defaults, then ``node``,
-    then ``values``; not validated (``check`` validates whole configs)."""
-    return construct(model, {**(node or {}), **values})
+    """One section for a caller that builds its own (a test, a script): the schema's defaults, then ``node``, then
+    ``values``, validated as ``model.of`` validates (``ConfigError`` in one line naming the key)."""
+    return model.of({**(node or {}), **values})
 
 
 def nodes() -> dict[str, dict]:
@@ -126,3 +125,36 @@ def register() -> None:
     for where, node in nodes().items():
         group, _, name = where.rpartition("/")
         cs.store(group=group or None, name=name, node=node)
+
+
+def keys_at(path: list[str]) -> list[str] | None:
+    """The valid keys under a dotted path (a group: the union over its shapes), or None if the path is not a section."""
+    models: list[type[Section]] = [Root]
+    for part in path:
+        nxt: list[type[Section]] = []
+        for model in models:
+            field = model.model_fields.get(part)
+            if field is None:
+                continue
+            shapes = SHAPES.get(part) if model is Root else None
+            if shapes:
+                nxt += [m for v in shapes.values() for m in (v if isinstance(v, tuple) else (v,))]
+            elif (sub := section_of(field.annotation)) is not None:
+                nxt.append(sub)
+        if not nxt:
+            return None
+        models = list(dict.fromkeys(nxt))
+    return list(dict.fromkeys(k for m in models for k in m.model_fields))
+
+
+def closest_key(key: str) -> str:
+    """The one-line message for a key the composed config does not have: unknown, or valid but not set here."""
+    *parent, leaf = key.split(".")
+    valid = keys_at(parent)
+    if valid is None:
+        return f"{key}: unknown key ('{'.'.join(parent)}' is not a section)"
+    if leaf in valid:
+        return f"{key} is not set by the chosen group option: add it with +{key}=VALUE"
+    close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
+    hint = f"did you mean '{'.'.join([*parent, close[0]])}'? " if close else ""
+    return f"{key}: unknown key; {hint}valid keys here: {', '.join(valid)}"

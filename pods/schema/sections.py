@@ -7,11 +7,13 @@ against the plain dicts of earlier versions keeps working; the package itself re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pods.errors import ConfigError
+from pods.errors import ConfigError, need
+from pods.schema.messages import explain
 
 Pos = Annotated[int, Field(ge=1)]
 PosF = Annotated[float, Field(gt=0)]
@@ -42,42 +44,45 @@ class Section(BaseModel):
 
     @classmethod
     def of(cls, node: Any) -> Section:
-        """``node`` as this section: an instance as it is; a mapping over the defaults (validated where it is whole,
-        else taken as given, as ``complete`` does): the adapter for callers that pass plain dicts."""
+        """``node`` as this section: an instance as it is; a mapping validated over the defaults (the door for callers
+        that pass plain dicts), or ``ConfigError`` in one line naming the key. Never an unvalidated section."""
         if isinstance(node, cls):
             return node
-        node = dict(node or {})
+        if not isinstance(node, Mapping | None):
+            raise ConfigError(f"{where(cls) or cls.__name__} must be a mapping, got {type(node).__name__}")
         try:
-            return cls.model_validate(node, strict=False)
-        except ValidationError:
-            return construct(cls, node)
+            return cls.model_validate(dict(node or {}), strict=False)
+        except ValidationError as e:
+            raise ConfigError(explain(e, cls, where(cls))) from None
 
 
-def construct(model: type[Section], node: dict) -> Section:
-    """An unvalidated ``model`` of its defaults overlaid with ``node``; nested sections built the same way."""
-    values = {k: f.get_default(call_default_factory=True) for k, f in model.model_fields.items() if not f.is_required()}
-    for k, v in node.items():
-        sub = _section_type(model.model_fields[k].annotation) if k in model.model_fields else None
-        values[k] = construct(sub, v) if sub is not None and isinstance(v, dict) else v
-    return model.model_construct(**values)
+def where(model: type[Section]) -> str:
+    """The dotted key of ``model``'s section in the config (``algorithm.sparse_rl``), '' for the root or a section
+    outside it (a suite's)."""
+    todo: list[tuple[type[Section], str]] = [(Root, "")]
+    while todo:
+        owner, at = todo.pop(0)
+        for key, field in owner.model_fields.items():
+            for sub in _sections(field.annotation):
+                path = f"{at}.{key}" if at else key
+                if sub is model:
+                    return path
+                todo.append((sub, path))
+    return ""
 
 
-def _section_type(annotation) -> type[Section] | None:
+def _sections(annotation) -> list[type[Section]]:
     if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation
-    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
-    return args[0] if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], Section) else None
-
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
+        return [annotation]
+    return [s for a in getattr(annotation, "__args__", ()) for s in _sections(a)]
 
 
 class Sampling(Section):
-    """Rollout sampling, shared by every engine (the loss divides logits by the same temperature)."""
+    """How completions are drawn: the one set of sampling keys and defaults, read by every engine. The training run's
+    ``sampling`` (the loss divides logits by the same temperature: > 0 there, ``Root``), the evaluation's ``eval`` and a
+    benchmark suite (``pods.eval.benchmarks.Suite``) are this section with keys of their own added."""
 
-    temperature: PosF = 1.0
+    temperature: NonNegF = 1.0  # 0 = greedy
     top_p: Frac = 1.0
     top_k: Annotated[int, Field(ge=-1)] = -1  # -1 = off
     max_tokens: Pos = 12  # max completion tokens
@@ -100,8 +105,8 @@ class Train(Section):
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:
-        _need(self.prompts_per_step % self.group_repeats == 0, "train.group_repeats must divide train.prompts_per_step")
-        _need(self.max_steps or self.time_budget_s, "set train.max_steps or train.time_budget_s (or both)")
+        need(self.prompts_per_step % self.group_repeats == 0, "train.group_repeats must divide train.prompts_per_step")
+        need(self.max_steps or self.time_budget_s, "set train.max_steps or train.time_budget_s (or both)")
         return self
 
 
@@ -116,17 +121,14 @@ class Optim(Section):
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
 
-class Eval(Section):
+class Eval(Sampling):
+    """The evaluation: what it samples (the ``Sampling`` keys; conf/config.yaml sets them to the training run's) and when."""
+
     at_start: bool = True
     every_s: PosF | None = 15.0  # seconds of TRAINING time
     every_steps: Pos | None = None
     max_examples: Pos | None = 200  # null = all
     repeats: Pos = 4
-    temperature: NonNegF = 1.0
-    top_p: Frac = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    max_tokens: Pos = 12
-    stop: list[str] = []
     seed: int = 12345
     # the benchmark suite run once the training ends (pods-eval on the final weights; conf/suite/), null = none
     suite: str | None = None
@@ -173,7 +175,7 @@ class ToyDataset(Section):
     grade_timeout_s: PosF | None = None  # the toy grader is one regex over 200 characters (cannot hang): in-process
     low: int = 10
     high: int = 99
-    train_size: Pos = 4000
+    train_size: Annotated[int, Field(ge=0)] = 4000  # 0: a test split only (the toy benchmarks, conf/benchmark/)
     test_size: Pos = 200
     seed: int = 1234
 
@@ -283,7 +285,7 @@ class SparseRl(Section):
 
     @model_validator(mode="after")
     def _band(self) -> SparseRl:
-        _need(self.band_low < self.band_high, f"algorithm.sparse_rl.band_low < band_high required, got [{self.band_low}, {self.band_high}]")
+        need(self.band_low < self.band_high, f"algorithm.sparse_rl.band_low < band_high required, got [{self.band_low}, {self.band_high}]")
         return self
 
 
@@ -318,25 +320,25 @@ class Algorithm(Section):
     def _counts(self) -> Algorithm:
         """m of n, GRPO-GA's micro-batches, rule ``all``, D3S's schedule of kept rollouts."""
         n, m = self.n, self.m
-        _need(m <= n, f"algorithm.m ({m}) must be <= algorithm.n ({n}): m rollouts are kept out of n")
+        need(m <= n, f"algorithm.m ({m}) must be <= algorithm.n ({n}): m rollouts are kept out of n")
         if self.grad_accum:
-            _need(self.rule == "all", f"algorithm.grad_accum trains all n rollouts: algorithm.rule must be 'all', got '{self.rule}'")
-            _need(n % m == 0, f"algorithm.grad_accum: algorithm.n ({n}) must be divisible by algorithm.m ({m}), the micro-batch")
+            need(self.rule == "all", f"algorithm.grad_accum trains all n rollouts: algorithm.rule must be 'all', got '{self.rule}'")
+            need(n % m == 0, f"algorithm.grad_accum: algorithm.n ({n}) must be divisible by algorithm.m ({m}), the micro-batch")
         elif self.rule == "all":
-            _need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
+            need(m == n, f"algorithm.rule 'all' keeps every rollout: algorithm.m ({m}) must equal algorithm.n ({n})")
         if self.m_final is not None:
-            _need(self.m_final <= n, f"algorithm.m_final must be an integer in [1, n={n}] (or null), got {self.m_final!r}")
-            _need(not self.grad_accum, "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
-            _need(self.rule != "all", "algorithm.m_final needs a down-sampling rule; rule 'all' keeps every rollout")
+            need(self.m_final <= n, f"algorithm.m_final must be an integer in [1, n={n}] (or null), got {self.m_final!r}")
+            need(not self.grad_accum, "algorithm.m_final (a schedule of kept rollouts) cannot be used with algorithm.grad_accum")
+            need(self.rule != "all", "algorithm.m_final needs a down-sampling rule; rule 'all' keeps every rollout")
         if self.mini_batch_size is not None and self.loss_agg == "bnpo":
-            _need(
+            need(
                 self.mini_batch_size % m == 0 and self.m_final is None,
                 f"algorithm.loss_agg 'bnpo' normalises per prompt group: algorithm.mini_batch_size ({self.mini_batch_size}) must hold "
                 f"whole groups (a multiple of m={m}, with m_final null)",
             )
         if self.m_intra is not None:
             top = max(m, self.m_final or m)
-            _need(top <= self.m_intra <= n, f"algorithm.m_intra must be in [max(m, m_final)={top}, n={n}] (or null), got {self.m_intra}")
+            need(top <= self.m_intra <= n, f"algorithm.m_intra must be in [max(m, m_final)={top}, n={n}] (or null), got {self.m_intra}")
         return self
 
 
@@ -368,6 +370,12 @@ class Root(Section):
     train: Train = Train()
     optim: Optim = Optim()
     eval: Eval = Eval()
+
+    @model_validator(mode="after")
+    def _sampling(self) -> Root:
+        t = self.sampling.temperature  # the training run's rollouts: the loss divides the logits by it (eval may be greedy)
+        need(t > 0, f"sampling.temperature must be > 0, got {t!r}")
+        return self
 
     @model_validator(mode="after")
     def _optimizer(self) -> Root:

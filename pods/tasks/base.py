@@ -1,6 +1,7 @@
 """The task interface: what a dataset, a grader and a reward recipe are.
 
-- A dataset builder ``fn(cfg: dict) -> TaskData`` returns train/test lists of ``Example``.
+- A dataset builder ``fn(cfg: dict) -> TaskData`` returns train/test lists of ``Example``; its ``DatasetSpec``
+  (``DATASETS.spec(name)``) may give the answer the tiny model's warm start imitates (``sft_target``).
 - A grader ``fn(completion: str, gold: str) -> (correct: bool, extracted: str | None)`` decides correctness.
 - A reward recipe ``fn(completion: str, gold: str, grade) -> Score`` sums named terms; ``grade`` is the
   grader chosen in the config, so recipe and grader vary independently.
@@ -14,7 +15,15 @@ from dataclasses import dataclass, field
 
 from pods.registry import Registry
 
-DATASETS = Registry("dataset")
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a dataset offers besides its examples (registered with it)."""
+
+    sft_target: Callable | None = None  # ``fn(Example) -> str``: the answer text the tiny model's warm start trains on (pods.tiny)
+
+
+DATASETS = Registry("dataset", spec=DatasetSpec)
 GRADERS = Registry("grader")
 RECIPES = Registry("reward recipe")
 

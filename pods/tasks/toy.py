@@ -24,7 +24,6 @@ def toy_example(a: int, b: int) -> Example:
 
 @DATASETS.register("toy_arith")
 def toy_arith(ds: ToyDataset) -> TaskData:
-    ds = ToyDataset.of(ds)
     lo, hi = ds.low, ds.high
     n_train, n_test = ds.train_size, ds.test_size
     pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]

@@ -3,7 +3,7 @@
 "Add step by step: 23 + 45 + 12 + 31." -> "23+45=68 68+12=80 80+31=111 Answer: 111". Each step needs the
 running sum (recent) and the next operand (in the prompt, far back), so a cache that evicts the prompt hurts.
 Reward ``toy_long`` = 0.8 for the right final number + 0.2 for ending in "Answer: N". Disjoint train/test
-splits from a seed. ``toy_long.sft_target`` is the step-by-step answer the tiny model's warm start imitates.
+splits from a seed. Its ``DatasetSpec.sft_target`` is the step-by-step answer the tiny model's warm start imitates.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import random
 import re
 
 from pods.schema import ToyLongDataset
-from pods.tasks.base import DATASETS, RECIPES, Example, Score, TaskData
+from pods.tasks.base import DATASETS, RECIPES, DatasetSpec, Example, Score, TaskData
 
 QUESTION = "Add step by step: {terms}."
 _END = re.compile(r"Answer: (-?\d+)\s*$")
@@ -27,9 +27,12 @@ def solution(terms: list[int]) -> str:
     return " ".join(steps) + f" Answer: {acc}"
 
 
-@DATASETS.register("toy_long")
+def sft_target(ex: Example) -> str:
+    return solution([int(x) for x in ex.id.split("+")])
+
+
+@DATASETS.register("toy_long", spec=DatasetSpec(sft_target=sft_target))
 def toy_long(ds: ToyLongDataset) -> TaskData:
-    ds = ToyLongDataset.of(ds)
     lo, hi = ds.low, ds.high
     kmin, kmax = ds.min_terms, ds.max_terms
     n_train, n_test = ds.train_size, ds.test_size
@@ -48,13 +51,6 @@ def toy_long(ds: ToyLongDataset) -> TaskData:
         for t in items
     ]
     return TaskData(train=ex[n_test:], test=ex[:n_test], meta={"terms": [kmin, kmax]})
-
-
-def sft_target(ex: Example) -> str:
-    return solution([int(x) for x in ex.id.split("+")])
-
-
-toy_long.sft_target = sft_target
 
 
 @RECIPES.register("toy_long")

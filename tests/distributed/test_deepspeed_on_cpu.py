@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pods.schema import check
 from support.harness import (
     EQUIV,
     EQUIV_LRS,
@@ -106,8 +107,8 @@ def vllm_check(backend, tiny: str, dist) -> dict | None:
     from support.config import compose
 
     tok = load_tokenizer(tiny)
-    engine = ENGINES.get("vllm")(tiny, tok, compose(VLLM_ENGINE)["rollout"])
-    task = DATASETS.get("toy_arith")(compose()["dataset"])
+    engine = ENGINES.get("vllm")(tiny, tok, check(compose(VLLM_ENGINE)).rollout)
+    task = DATASETS.get("toy_arith")(check(compose()).dataset)
     (prompts,) = dist.shard(encode_prompts(task.test[:4], tok, None)[0])  # 2 prompts per rank
 
     def gap() -> float:
@@ -308,7 +309,7 @@ def test_exported_zero3_weights_are_the_trained_model(worker_run, tiny_dir):
     blob = torch.load(worker_run / "export_zero3.pt", weights_only=False)
     w = blob["weights"]
     assert "lm_head.weight" in w and torch.equal(w["lm_head.weight"], w["model.embed_tokens.weight"])  # tied head, sent explicitly
-    plain = LocalBackend(str(tiny_dir), compose(["hardware=cpu", *EQUIV]))
+    plain = LocalBackend(str(tiny_dir), check(compose(["hardware=cpu", *EQUIV])))
     assert set(w) == set(plain.model.state_dict())
     plain.model.load_state_dict(w)
     gap = (plain.policy_logprobs(fixed_batch(7)) - blob["logprobs"]).abs().max().item()

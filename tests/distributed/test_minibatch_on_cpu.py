@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from pods.schema import check
 from pods.step import mini_batch_bounds, plan, step_lr
 from support.config import compose
 from support.harness import assert_two_ranks_equal_one, fixed_batch, two_ranks_and_one, weights_of, worker_main
@@ -33,7 +34,7 @@ def local(tiny_dir, *overrides):
             self.olds.append(None if mb.old_logprobs is None else mb.old_logprobs.clone())
             return super().forward_logprobs(mb)
 
-    b = Recording(str(tiny_dir), compose([*ARGS, "hardware.micro_batch_size=3", *overrides]))
+    b = Recording(str(tiny_dir), check(compose([*ARGS, "hardware.micro_batch_size=3", *overrides])))
     b.steps, b.olds = [], []
     return b
 

@@ -1,4 +1,5 @@
-"""The user-facing commands, run as a user would: `python -m pods.train` (single and multirun) and the demo."""
+"""The user-facing commands, run as a user would: `python -m pods.train` (single and multirun, with the end-of-run
+suite) and the demo."""
 
 from __future__ import annotations
 
@@ -35,6 +36,39 @@ def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
     log = (tmp_path / "train.log").read_text()  # the run's log (pods.log via Hydra), with times and levels
     assert f"run directory: {tmp_path}" in log and "[pods]" in log and f"[pods] run directory: {tmp_path}" in p.stdout
     assert json.loads((tmp_path / "config.json").read_text())["train"]["keep_checkpoints"] is None  # the schema's default, written out
+
+
+TOY_SUITE = ["eval.suite=toy", "eval.suite_overrides=['suite.only=[toy_arith]','suite.benchmarks.toy_arith.size=4','suite.samples=2']"]
+
+
+def test_train_with_eval_suite_evaluates_the_final_weights_at_the_end(tiny_dir, tmp_path):
+    """The end-of-run suite composes inside the training's Hydra app (it used to exit 1 there: "GlobalHydra is already
+    initialized") and writes <run_dir>/eval/toy/ from final/."""
+    args = ["-m", "pods.train", "algorithm.n=8", "algorithm.m=4", *SHORT, *TOY_SUITE, "train.checkpoint_at_end=weights"]
+    p = run([*args, f"hydra.run.dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = tmp_path / "eval" / "toy"
+    summary = json.loads((out / "summary.json").read_text())
+    m = summary["benchmarks"]["toy_arith"]
+    assert list(summary["benchmarks"]) == ["toy_arith"] and (m["problems"], m["samples"], m["grader"]) == (4, 2, "toy")
+    assert 0.0 <= m["avg@n"] <= m["pass@k"]["2"] <= 1.0 and 0 < m["mean_tokens"] <= 24  # the toy suite's max_tokens
+    assert summary["weights"] == str(tmp_path / "final") and len((out / "samples.jsonl").read_text().splitlines()) == 4 * 2
+    assert "| toy_arith | 4 | 2 |" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "suite,message",
+    [
+        (["eval.suite=nope"], "eval.suite: unknown suite 'nope'"),
+        (["eval.suite=toy", "eval.suite_overrides=['suite.samples=0']"], "suite.samples must be >= 1"),
+        (["eval.suite=toy", "eval.suite_overrides=['suite.sample=2']"], "did you mean 'suite.samples'?"),
+        (["eval.suite=toy", "eval.suite_overrides=['suite.only=[gsm8k]']"], "unknown benchmark 'gsm8k'"),
+    ],
+)
+def test_a_bad_eval_suite_fails_in_one_line_before_the_run(tmp_path, suite, message):
+    p = run(["-m", "pods.train", *suite, "train.checkpoint_at_end=weights", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr[-3000:]
+    assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory, so before any model loaded
 
 
 @pytest.mark.slow

@@ -2,14 +2,11 @@
 expands to the paper's runs; the tiny CPU comparison runs for real.
 
 The paper values below are typed in from ../shared/docs/paper-facts.md, never read back from the YAML.
-Experiment files may name config options that other issues add (datasets, DeepSpeed hardware profiles): while
-such a file is missing, the tests that need it report XFAIL naming the file and the issue.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -17,14 +14,6 @@ from support.config import CONF, compose, shrink
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml") if not p.stem.startswith("_"))
-PENDING = {  # config options other open issues provide
-    "dataset/gsm8k.yaml": "issue 4 (GSM8K/MATH tasks)",
-    "dataset/gsm8k_open_r1.yaml": "issue 4 (GSM8K/MATH tasks)",
-    "dataset/math.yaml": "issue 4 (GSM8K/MATH tasks)",
-    "hardware/h100x8_zero3.yaml": "issue 6 (DeepSpeed backend)",
-    "hardware/a100x8_zero3.yaml": "issue 6 (DeepSpeed backend)",
-    "rollout/vllm.yaml": "issue 5 (vLLM engine)",
-}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # ---- the paper's settings (paper-facts.md) ----------------------------------------------------------------
@@ -155,22 +144,15 @@ def get(cfg: dict, dotted: str):
     return cfg
 
 
-def compose_or_xfail(overrides: list[str], hydra: bool = False):
-    """Compose (resolved, throw_on_missing); XFAIL when a config option another issue provides is not there yet."""
-    missing = {p: who for p, who in PENDING.items() if not (CONF / p).exists()}
-    try:
-        if not hydra:
-            return compose(overrides)
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
+def composed(overrides: list[str], hydra: bool = False):
+    """Compose (resolved, throw_on_missing); ``hydra``: with the hydra section (launcher, sweeper)."""
+    if not hydra:
+        return compose(overrides)
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    except Exception as e:  # hydra's MissingConfigException names the option it could not find
-        waiting = [f"conf/{p} ({who})" for p, who in missing.items() if Path(p).with_suffix("").as_posix() in str(e)]
-        if waiting:
-            pytest.xfail(f"waits for {', '.join(waiting)}")
-        raise
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
 def validated(cfg: dict) -> dict:
@@ -190,7 +172,7 @@ def validated(cfg: dict) -> dict:
 def test_experiment_composes_and_validates(exp):
     lines = (CONF / "experiment" / f"{exp}.yaml").read_text().splitlines()
     assert lines[0] == "# @package _global_" and f"experiment={exp}" in lines[1], f"{exp}: first comment must be the command"
-    validated(compose_or_xfail([f"experiment={exp}"]))
+    validated(composed([f"experiment={exp}"]))
 
 
 def test_every_paper_setting_has_a_file():
@@ -199,7 +181,7 @@ def test_every_paper_setting_has_a_file():
 
 @pytest.mark.parametrize("exp", sorted(PAPER))
 def test_paper_values(exp):
-    cfg = compose_or_xfail([f"experiment={exp}"])
+    cfg = composed([f"experiment={exp}"])
     got = {k: get(cfg, k) for k in PAPER[exp]}
     assert got == PAPER[exp]
     if exp.endswith("x8"):  # the same rollouts per GPU per optimizer step in both arms (512)
@@ -222,7 +204,7 @@ def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
 
     paper_exp, swept, fixed = SWEEP_PAPER[sweep]
     exp = paper_exp if exp == "paper" else exp
-    compose_or_xfail([f"experiment={exp}", f"+sweep={sweep}"], hydra=True)
+    composed([f"experiment={exp}", f"+sweep={sweep}"], hydra=True)
     jobs, task = sweep_jobs(exp, sweep)  # what `python -m pods.train -m experiment=EXP +sweep=SWEEP` launches
     assert len(jobs) == math.prod(len(v) for v in swept.values())
     values = {}
@@ -234,7 +216,7 @@ def test_sweep_composes_and_expands_to_the_papers_runs(sweep, exp):
     assert {k: get(task, k) for k in fixed} == fixed
     assert task["train"]["resume"] == "auto"  # a re-run (or a requeued job) continues unfinished runs
     for job in jobs[:: max(1, len(jobs) // 10)]:  # the jobs are valid configs (e.g. n = 16 with m = 16, max-variance)
-        validated(compose_or_xfail([f"experiment={exp}", f"+sweep={sweep}", *job]))
+        validated(composed([f"experiment={exp}", f"+sweep={sweep}", *job]))
 
 
 def test_slurm_launchers_resolve_to_submitit_1_2_0_fields():
@@ -243,7 +225,7 @@ def test_slurm_launchers_resolve_to_submitit_1_2_0_fields():
 
     fields = set(SlurmQueueConf.__dataclass_fields__)
     for launcher, hw, gpus in [("slurm", "l40s_lora", 1), ("slurm_cpu", "cpu", None)]:
-        cfg = compose_or_xfail([f"hydra/launcher={launcher}", f"hardware={hw}"], hydra=True)
+        cfg = composed([f"hydra/launcher={launcher}", f"hardware={hw}"], hydra=True)
         node = OmegaConf.to_container(cfg.hydra.launcher, resolve=True, throw_on_missing=True)
         assert set(node) <= fields, set(node) - fields
         assert node["gpus_per_node"] == gpus and node["array_parallelism"] >= 1 and node["timeout_min"] >= 1

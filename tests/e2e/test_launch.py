@@ -2,15 +2,20 @@
 (prints the composed config, exit 0) and a bad override (one error line, exit 2, before any model loads).
 
 What could fail: a run's ``launch.json`` says finished / failed as its process ended; a failed run stops the launch of
-the runs after it; the log file gets the run's output; a finished run is reusable, a failed one and one whose launching process is gone are not."""
+the runs after it; the log file gets the run's output; a finished run is reusable, a failed one and one whose launching process is gone are not.
+And the ``submitit`` launcher (plain submitit, no Hydra plug-in) with hydra-submitit-launcher hidden: a real 2-step
+run through submitit's local executor writes its metrics."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from pods import launch
+from pods.metrics import read_metrics
+from support.plain_submitit import HIDDEN, submit_without_plugin
 
 PRINT = ["--cfg", "job", "train.max_steps=3"]  # exits 0 after printing the config, nothing trained
 BAD = ["algorithm.n=-1"]  # refused by the config checks: exit 2
@@ -47,3 +52,18 @@ def test_a_launched_run_whose_process_is_gone_is_launched_again(tmp_path):
 def test_unknown_launcher_is_refused_with_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="unknown launcher 'ssh'; valid: local, slurm"):
         launch.launch([launch.Job(PRINT, tmp_path)], "ssh")
+
+
+def test_plain_submitit_runs_a_job_without_hydra_submitit_launcher(tiny_dir, tmp_path):
+    """``launch(..., "submitit")`` with PODS_SUBMITIT_CLUSTER=local: submitit's own local executor starts the job as a
+    subprocess, the job runs ``pods.train``; no process of the tree can import hydra-submitit-launcher."""
+    run_dir = tmp_path / "runs" / "plain"
+    p = submit_without_plugin(run_dir, tmp_path, {**os.environ, "PODS_SUBMITIT_CLUSTER": "local"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")] == [1, 2]
+    assert json.loads((run_dir / "config.json").read_text())["algorithm"]["n"] == 8
+    assert launch.status(run_dir)["status"] == "finished" and launch.reusable(run_dir)
+    (log,) = (tmp_path / "runs" / ".submitit").glob("*/*_0_log.out")  # the job's own log, written by submitit
+    text = log.read_text()
+    assert f"[pods] run directory: {run_dir}" in text and "Job completed successfully" in text
+    assert HIDDEN in text  # the job's pods.train looked for Hydra plug-ins and found none

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from pods.advantages import ADVANTAGES
 from pods.loop import train
 from pods.metrics import read_metrics
+from pods.schema import check
 from support.config import CONF, compose, shrink
 from support.harness import max_gap, within
 
@@ -126,7 +127,7 @@ def test_grad_accumulation_gives_the_big_batch_gradient(tiny_dir):
     for agg in ("seq_mean", "token_mean"):
         cfg["algorithm"]["loss_agg"] = agg
         for tag, micro in (("big", 8), ("ga", 2), ("uneven", 3)):
-            b = Recording(str(tiny_dir), cfg)
+            b = Recording(str(tiny_dir), check(cfg))
             b.tag = tag
             b.update(batch, lr=1e-3, micro_batch_size=micro)
         for big, ga, uneven in zip(grads["big"], grads["ga"], grads["uneven"]):

@@ -69,16 +69,17 @@ def test_the_compressed_cache_holds_at_most_half_of_a_dense_sequence():
     cut is 35-53% of KV storage). Averaged over the forward passes the saving is smaller (the prompt, about half of
     a sequence, is held whole until the first compression): 62% of the dense mean, asserted only below it."""
     from pods.models import load_tokenizer
+    from pods.schema import check
     from pods.tasks import DATASETS, encode_prompts
     from pods.tiny import shipped
 
-    cfg = arms()["sparse_rl"]
+    cfg = check(arms()["sparse_rl"])
     ro, ds = cfg["rollout"], cfg["dataset"]
     tok = load_tokenizer(shipped(cfg["model"]["spec"]))
     loader = DATASETS.get("toy_long")
     test = loader(ds).test
     ids, kept, _ = encode_prompts(test, tok, ds["max_prompt_length"])
-    answers = [len(tok(loader.sft_target(e) + "<|im_end|>", add_special_tokens=False)["input_ids"]) for e in kept]
+    answers = [len(tok(DATASETS.spec("toy_long").sft_target(e) + "<|im_end|>", add_special_tokens=False)["input_ids"]) for e in kept]
     s = script()
     sparse = s.kv_stats(list(map(len, ids)), answers, ro["budget"], ro["interval"], 1)
     dense = s.kv_stats(list(map(len, ids)), answers, None, 1, 1)
@@ -91,15 +92,15 @@ def test_the_compressed_cache_holds_at_most_half_of_a_dense_sequence():
 def test_cache_replay_matches_the_engines_own_count(budget, interval):
     from pods.engines import ENGINES, Sampling
     from pods.models import load_policy, load_tokenizer
-    from pods.schema import Hardware, complete
+    from pods.schema import Hardware, SparseHfRollout, check, complete
     from pods.tasks import DATASETS, encode_prompts
     from pods.tiny import shipped
 
-    cfg = arms()["sparse_rl"]
-    path = shipped(cfg["model"]["spec"])
-    tok, model = load_tokenizer(path), load_policy(str(path), complete(Hardware, dtype="float32")).eval()
-    ids, _, _ = encode_prompts(DATASETS.get("toy_long")(cfg["dataset"]).test[:3], tok, 128)
-    ro = {**cfg["rollout"], "budget": budget, "interval": interval}
+    cfg = check(arms()["sparse_rl"])
+    path = shipped(cfg.model.spec)
+    tok, model = load_tokenizer(path), load_policy(str(path), complete(Hardware, name="cpu", dtype="float32")).eval()
+    ids, _, _ = encode_prompts(DATASETS.get("toy_long")(cfg.dataset).test[:3], tok, 128)
+    ro = complete(SparseHfRollout, cfg.rollout, budget=budget, interval=interval)
     torch.manual_seed(0)
     out = ENGINES.get("sparse_hf")(str(path), tok, ro, policy=model).generate(ids, 2, Sampling(temperature=1.0, max_tokens=48))
     prompts = [len(ids[i // 2]) for i in range(6)]

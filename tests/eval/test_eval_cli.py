@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,22 @@ def test_run_dir_without_weights_and_offline_hub_id_exit_2(tmp_path, capsys, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["nobody-has/this-model-xyz", "--suite", "toy"]) == 2
     assert "HF_HUB_OFFLINE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["-m", "pods.eval"], ["pods-eval"]])
+def test_the_command_without_arguments_requires_only_the_model(command):
+    """``python -m pods.eval`` and the ``pods-eval`` entry point (pyproject: pods.eval.cli:main); the optional
+    overrides are not named as missing."""
+    exe = [sys.executable, *command] if command[0] == "-m" else [str(Path(sys.executable).parent / command[0])]
+    p = subprocess.run(exe, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "the following argument is required: MODEL" in p.stderr, p.stderr
+    assert "overrides" not in p.stderr and "usage: pods-eval MODEL [suite.KEY=VALUE ...]" in p.stderr
+
+
+def test_the_engine_choices_are_the_engine_registry(tiny_dir, capsys):
+    from pods.engines import ENGINES
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tiny_dir), "--suite", "toy", "--engine", "nope"])
+    assert e.value.code == 2
+    assert f"choose from {', '.join(repr(n) for n in ENGINES.names())}" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 - docs/layout.md's module table has one row per module of ``pods/`` (and no row for a module that is gone), with the
   layer ``tests/house/test_layers.py`` gives it; its layer table lists ``LAYERS`` as the test does;
 - docs/layout.md's registry table has one row per ``Registry(...)`` in ``pods/``, naming exactly what pods registers in
-  it (read in a fresh interpreter, so names a test registers do not count), and each config key it names exists;
+  it (read in a fresh interpreter, so names a test registers do not count) and its spec type with the type's fields,
+  and each config key it names exists;
 - README's config cheat sheet lists every option of each group in ``conf/``, and nothing else;
 - every file path, module or link that README.md and docs/*.md name exists.
 """
@@ -84,29 +85,32 @@ def registry_sites() -> list[tuple[str, str]]:
 
 
 COLLECT = """
-import importlib, json, pkgutil, sys
+import dataclasses, importlib, json, pkgutil, sys
 import pods
 for info in pkgutil.walk_packages(pods.__path__, "pods."):
     if not info.name.endswith(".__main__"):
         importlib.import_module(info.name)
 sites = json.loads(sys.argv[1])
-print(json.dumps({name: getattr(sys.modules[mod], name).names() for mod, name in sites}))
+regs = {name: getattr(sys.modules[mod], name) for mod, name in sites}
+spec = lambda t: [t.__name__, *(f.name for f in dataclasses.fields(t))] if t else []
+print(json.dumps({name: [r.names(), spec(r.spec_type)] for name, r in regs.items()}))
 """
 
 
 @pytest.fixture(scope="module")
-def registries() -> dict[str, tuple[str, list[str]]]:
-    """{variable: (module, names)} as pods registers them, every module of pods/ imported in a fresh interpreter."""
+def registries() -> dict[str, tuple[str, list[str], list[str]]]:
+    """{variable: (module, names, [spec type, its fields...] or [])} as pods registers them, every module of pods/
+    imported in a fresh interpreter."""
     sites = registry_sites()
     assert len({name for _, name in sites}) == len(sites), f"two registries share a variable name: {sites}"
     out = subprocess.run([sys.executable, "-c", COLLECT, json.dumps(sites)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     names = json.loads(out.stdout.strip().splitlines()[-1])
-    return {name: (mod, names[name]) for mod, name in sites}
+    return {name: (mod, *names[name]) for mod, name in sites}
 
 
-def registry_rows() -> dict[str, tuple[str, list[str], list[str]]]:
-    return {ticked(r[0])[0]: (ticked(r[1])[0], ticked(r[2]), ticked(r[3])) for r in table(LAYOUT, "registry")}
+def registry_rows() -> dict[str, tuple[str, list[str], list[str], list[str]]]:
+    return {ticked(r[0])[0]: (ticked(r[1])[0], ticked(r[2]), ticked(r[3]), ticked(r[4])) for r in table(LAYOUT, "registry")}
 
 
 def test_registry_table_matches_the_code(registries):
@@ -114,9 +118,10 @@ def test_registry_table_matches_the_code(registries):
     assert set(rows) == set(registries), (
         f"registries in code but not docs/layout.md: {sorted(set(registries) - set(rows))}; in docs only: {sorted(set(rows) - set(registries))}"
     )
-    for name, (mod, names) in registries.items():
+    for name, (mod, names, spec) in registries.items():
         assert rows[name][0] == mod, f"{name} lives in {mod}, docs/layout.md says {rows[name][0]}"
         assert rows[name][2] == names, f"{name}: docs/layout.md lists {rows[name][2]}, the code registers {names}"
+        assert rows[name][3] == spec, f"{name}: docs/layout.md gives the spec {rows[name][3]}, the code {spec or 'none'}"
 
 
 def _fields(section: str) -> set[str] | None:
@@ -134,7 +139,7 @@ def _fields(section: str) -> set[str] | None:
 
 def test_registry_table_names_config_keys_that_exist():
     missing = []
-    for name, (_, chosen, _) in registry_rows().items():
+    for name, (_, chosen, _, _) in registry_rows().items():
         for key in (k for k in chosen if re.fullmatch(r"[a-z_]+\.[a-z_]+", k)):
             section, _, field = key.partition(".")
             fields = _fields(section)

@@ -1,5 +1,5 @@
 """The launchers on a REAL local SLURM (slurm-wlm + munge from Debian, started here, stopped by pid afterwards):
-a Hydra multirun through hydra-submitit-launcher, the 1-GPU sbatch script (CPU fallback, pre-emption warning ->
+a Hydra multirun through hydra-submitit-launcher, pods.launch's plain-submitit launcher with that plug-in hidden, the 1-GPU sbatch script (CPU fallback, pre-emption warning ->
 checkpoint -> requeue -> resume), and the 8-GPU script's srun + torchrun line with 2 DeepSpeed ZeRO-3 CPU ranks.
 
 Marked ``slurm`` (``make test-all``, ``.ci/run``). The cluster needs slurm-wlm + munge: with PODS_INSTALL_SLURM=1 (as
@@ -19,6 +19,7 @@ import yaml
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.plain_submitit import HIDDEN, submit_without_plugin
 from support.slurm_cluster import LocalCluster, install_reason
 
 pytestmark = pytest.mark.slurm
@@ -93,6 +94,28 @@ def test_hydra_multirun_through_the_submitit_launcher(cluster, tiny_dir, tmp_pat
     assert "Caught signal SIGUSR2" in log0 and "resumed from" in log0 and "resumed from" not in log1
     script = next((tmp_path / ".submitit").glob(".submission_file_*.sh")).read_text()
     assert "#SBATCH --array=0-1" in script and "#SBATCH --signal=USR2@300" in script and "#SBATCH --requeue" in script
+
+
+def test_plain_submitit_launcher_without_hydra_submitit_launcher(cluster, tiny_dir, tmp_path):
+    """``launch(..., "submitit")`` on SLURM with no process able to import hydra-submitit-launcher: submitit's own
+    SlurmExecutor sbatches one job, which runs ``pods.train``; the submitting process waits and marks the run."""
+    run_dir = tmp_path / "runs" / "plain"
+    env = job_env(cluster, PODS_SUBMITIT_CLUSTER="slurm", PODS_SLURM_CPUS="2", PODS_SLURM_MEM_GB="2")
+    p = submit_without_plugin(run_dir, tmp_path, env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + cluster.logs()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")] == [1, 2]
+    assert launch_state(run_dir) == ("finished", "slurm")
+    (job_dir,) = (tmp_path / "runs" / ".submitit").glob("[0-9]*")  # named by the SLURM job id
+    assert cluster.state(job_dir.name) == "COMPLETED", cluster.logs()
+    log = next(job_dir.glob("*_0_log.out")).read_text()
+    assert f"[pods] run directory: {run_dir}" in log and HIDDEN in log  # the job's pods.train found no Hydra plug-in
+    script = next((tmp_path / "runs" / ".submitit").rglob("*submission*.sh")).read_text()
+    assert "#SBATCH --cpus-per-task=2" in script and "--gpus-per-node" not in script
+
+
+def launch_state(run_dir) -> tuple[str, str]:
+    state = json.loads((run_dir / "launch.json").read_text())
+    return state["status"], state["launcher"]
 
 
 def test_1gpu_script_runs_on_cpu_checkpoints_on_the_warning_requeues_and_resumes(cluster, tiny_dir, tmp_path):

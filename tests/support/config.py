@@ -14,6 +14,8 @@ from pods.schema import register  # noqa: E402
 
 register()  # the `_schema` and `<group>/_<shape>` nodes the YAML files build on
 SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
+# the required keys of a whole algorithm section (GRPO, n = m = 2): ``complete(Algorithm, ALGORITHM, key=value)``
+ALGORITHM = {"name": "grpo", "n": 2, "m": 2, "rule": "all"}
 
 
 def compose(overrides: list[str] | None = None, name: str = "config") -> dict:

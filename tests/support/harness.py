@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from pods.distributed import free_port  # the one free-port helper
+from pods.schema import check
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_PER_RANK = 4  # the fixed batch has 2 x 4 rows
@@ -138,7 +139,7 @@ def on_two_ranks(step: Step, overrides: list[str], out: Path, name: str) -> tupl
     from pods.tiny import ensure_tiny
     from support.config import compose
 
-    cfg = compose([*ON_RANKS, *overrides])
+    cfg = check(compose([*ON_RANKS, *overrides]))
     dist = distributed.init(cfg["hardware"])
     backend = DeepSpeedBackend(str(ensure_tiny()), cfg)
     res = step(backend, cfg, dist, slice(ROWS_PER_RANK * dist.rank, ROWS_PER_RANK * (dist.rank + 1)))
@@ -162,7 +163,7 @@ def in_one_process(tiny_dir: Path, step: Step, overrides: list[str]) -> dict:
     from pods.backends.local import LocalBackend
     from support.config import compose
 
-    cfg = compose([*IN_ONE, *overrides])
+    cfg = check(compose([*IN_ONE, *overrides]))
     local = LocalBackend(str(tiny_dir), cfg)
     start = weights_of(local)
     res = step(local, cfg, distributed.SINGLE, slice(0, 2 * ROWS_PER_RANK))

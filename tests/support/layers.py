@@ -32,24 +32,24 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.grade",
         ],
     ),
-    3: (
+    3: ("engines", ["pods.engines.*"]),  # with the vocabulary of a memory estimate (pods.engines.memory) their models speak
+    4: (
         "machinery",
         [
-            "pods.engines.*",
-            "pods.backends.*",
+            "pods.backends.*",  # above the engines: the sampler gap asks the engine what its log-probs are (gap_meaning)
             "pods.distributed",
             "pods.checkpoint",
             "pods.metrics",
             "pods.wandb_log",
             "pods.eval.accuracy",  # test accuracy during training (the loop's evaluation)
-            "pods.memory",  # the estimate: asks each engine for its lines (pods.engines.memory)
-            "pods.memory.lines",  # the vocabulary of a memory estimate, which each engine's memory model speaks
+            "pods.memory",  # the package: its __init__ defines nothing
+            "pods.memory.estimator",  # the estimate: asks each engine for its lines (Engine.memory)
             "pods.memory.update",  # the policy update's memory
         ],
     ),
-    4: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env"]),
-    5: ("composition + run", ["pods.compose", "pods.loop", "pods.launch", "pods.eval.*"]),
-    6: (
+    5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env"]),
+    6: ("composition + run", ["pods.compose", "pods.loop", "pods.launch", "pods.eval.*"]),
+    7: (
         "entry points",
         [
             "pods.train",
@@ -64,9 +64,6 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
         ],
     ),
 }
-
-# (importer, imported): the only imports allowed to run from a lower layer up to a higher one, with the reason
-ALLOWED_UP: dict[tuple[str, str], str] = {}
 
 
 def modules(root: Path = PODS) -> dict[str, Path]:
@@ -116,3 +113,18 @@ def layer_of(module: str) -> int | None:
             if p.endswith(".*") and (module == p[:-2] or module.startswith(p[:-1])) and len(p) > best_len:
                 best, best_len = layer, len(p)
     return best
+
+
+def package(module: str) -> str:
+    """The package of ``pods`` that holds ``module`` (``pods.memory.update`` -> ``pods.memory``); a top-level module
+    (``pods.loop``) is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(root: Path = PODS) -> dict[str, set[str]]:
+    """``import_graph`` with each package of ``pods`` as one node: a circle here is two folders that import each
+    other through different modules, which the module graph does not show."""
+    out: dict[str, set[str]] = {}
+    for a, deps in import_graph(root).items():
+        out.setdefault(package(a), set()).update(package(b) for b in deps if package(b) != package(a))
+    return out

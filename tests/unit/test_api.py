@@ -13,6 +13,7 @@ from pods import distributed
 from pods.advantages import ADVANTAGES
 from pods.backends.base import TokenStats, TrainBatch, build_batch
 from pods.downsample import RULES, kept_rows, select
+from pods.errors import ConfigError
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, token_logprobs
 from pods.schema import Algorithm, SparseRl, complete, defaults
 from pods.sparse_rl import DEFAULTS, sparse_rl_weights
@@ -20,6 +21,8 @@ from pods.tokens import CORRECTIONS, TOKEN_SELECTORS, StepContext
 
 # float32 arithmetic on values of order 1: 1e-6 is ~10 ulps, far below any hand-computed difference tested here
 TOL = 1e-6
+# what a plain dict of the algorithm section holds at least: its required keys (the rest come from the schema)
+WHOLE = {"name": "grpo", "n": 2, "m": 2, "rule": "all"}
 
 
 def close(actual, expected) -> bool:
@@ -166,7 +169,7 @@ def test_the_sparse_rl_correction_through_step_context():
     dense, sparse, _ = _mismatch()
     batch = build_batch([[1]] * 2, [[2, 3, 4], [2, 3]], sparse.tolist(), [1.0, -1.0], pad_id=0)
     ctx = StepContext(
-        alg={"correction": "sparse_rl", "sparse_rl": {"cap": 1.5}}, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense)
+        alg={**WHOLE, "correction": "sparse_rl", "sparse_rl": {"cap": 1.5}}, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense)
     )
     metrics = CORRECTIONS.get("sparse_rl")(batch, ctx)
     assert batch.loss_mask.tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
@@ -177,22 +180,66 @@ def test_the_sparse_rl_correction_through_step_context():
 # ---- token selection and the typed sections ----------------------------------------------------------------------
 
 
-def test_step_context_takes_a_completed_section_or_a_plain_dict():
+def test_step_context_takes_a_section_or_a_plain_dict_of_a_whole_one():
     batch = build_batch([[1]] * 2, [[2, 3], [4, 5]], [[0.0, 0.0]] * 2, [1.0, -2.0], pad_id=0)
     stats = TokenStats(torch.zeros(2, 2), torch.tensor([[1.0, 2.0], [0.1, 3.0]]))
     # |A| x entropy = [[1, 2], [0.2, 6]]: the top half of the 4 tokens are 6 and 2
-    for alg in (complete(Algorithm, token_keep=0.5), {"token_keep": 0.5, "token_keep_final": None, "ramp": "linear"}):
+    for alg in (complete(Algorithm, WHOLE, token_keep=0.5), {**WHOLE, "token_keep": 0.5, "token_keep_final": None, "ramp": "linear"}):
         b = build_batch([[1]] * 2, [[2, 3], [4, 5]], [[0.0, 0.0]] * 2, [1.0, -2.0], pad_id=0)
         TOKEN_SELECTORS.get("d3s_top_k")(b, StepContext(alg, 0.0, distributed.SINGLE, stats))
         assert b.loss_mask.tolist() == [[0.0, 1.0], [0.0, 1.0]]
-    ctx = StepContext(alg=complete(Algorithm), progress=0.5, dist=distributed.SINGLE)
-    assert ctx.stats is None
+    ctx = StepContext(alg=complete(Algorithm, WHOLE), progress=0.5, dist=distributed.SINGLE)
+    assert ctx.stats is None and isinstance(StepContext(WHOLE, 0.0, distributed.SINGLE).alg, Algorithm)  # the dict is typed
     assert TOKEN_SELECTORS.get("all")(batch, ctx) == {} and CORRECTIONS.get("none")(batch, ctx) == {}
     assert batch.loss_mask.tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
 
 def test_complete_reads_like_the_dict_it_was():
-    a = complete(Algorithm, {"n": 8, "m": 4}, m=2, rule="max_variance")  # defaults, then the node, then the values
+    a = complete(Algorithm, {"name": "pods", "n": 8, "m": 4}, m=2, rule="max_variance")  # defaults, then the node, then the values
     assert (a["n"], a["m"], a["rule"]) == (8, 2, "max_variance")
     assert (a.n, a.m) == (8, 2)
     assert a["advantage"] == defaults(Algorithm)["advantage"] and "beta" in a and a.get("beta") == defaults(Algorithm)["beta"]
+
+
+# ---- bad dicts at the public doors: one line naming the key, before anything runs ---------------------------------
+
+
+def _one_line(e: pytest.ExceptionInfo) -> str:
+    assert isinstance(e.value, ValueError) and isinstance(e.value, ConfigError)
+    assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_bad_algorithm_dict_is_refused_in_one_line_never_typed_as_it_is():
+    with pytest.raises(ConfigError) as e:
+        Algorithm.of({"n": "lots", "m": -3})
+    assert _one_line(e).startswith("algorithm.n must be an integer, got 'lots'")
+    with pytest.raises(ConfigError) as e:
+        complete(Algorithm, WHOLE, m=3)  # a section's own rule: m <= n
+    assert _one_line(e) == "algorithm.m (3) must be <= algorithm.n (2): m rollouts are kept out of n"
+    with pytest.raises(ConfigError, match="algorithm.name is required"):
+        complete(Algorithm, n=2, m=2, rule="all")  # a dict of a few keys is no section: the required ones are named
+
+
+def test_every_public_function_that_takes_a_section_refuses_a_bad_dict_in_one_line():
+    batch = build_batch([[1]] * 2, [[2, 3], [4, 5]], [[0.0, 0.0]] * 2, [1.0, -2.0], pad_id=0)
+    dense, sparse, mask = _mismatch()
+    calls = {
+        "algorithm.token_keep must be <= 1": lambda: StepContext({**WHOLE, "token_keep": 2.0}, 0.0, distributed.SINGLE),
+        "algorithm.sparse_rl.cap must be > 0": lambda: CORRECTIONS.get("sparse_rl")(
+            batch, StepContext({**WHOLE, "sparse_rl": {"cap": -1}}, 0.0, distributed.SINGLE, TokenStats(torch.zeros(2, 2)))
+        ),
+        "algorithm.sparse_rl.weight_norm must be one of": lambda: sparse_rl_weights(
+            dense, sparse, mask, {**DEFAULTS, "weight_norm": "mean"}
+        ),
+        "algorithm.sparse_rl.capp: unknown key; did you mean 'algorithm.sparse_rl.cap'?": lambda: sparse_rl_weights(
+            dense, sparse, mask, {"capp": 1.5}
+        ),
+        "algorithm.m_intra must be an integer": lambda: kept_rows(
+            "d3s_two_stage", torch.zeros(2, 4), 2, alg={**WHOLE, "n": 4, "rule": "d3s_two_stage", "m_intra": "three"}
+        ),
+    }
+    for message, call in calls.items():
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert _one_line(e).startswith(message), (message, str(e.value))

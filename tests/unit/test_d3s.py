@@ -12,12 +12,13 @@ import torch
 from pods import distributed
 from pods.advantages import grpo
 from pods.backends.base import TokenStats, build_batch
-from pods.d3s import cross_group, cross_step, intra_group, ramped, sample_count, token_fraction, top_k_tokens, two_stage
+from pods.d3s import cross_group, cross_step, intra_group, ramped, token_fraction, top_k_tokens, two_stage
 from pods.downsample import kept_rows, max_variance
 from pods.losses import AGGREGATIONS
-from pods.schema import Algorithm, complete
+from pods.schema import Algorithm, check, complete
+from pods.step import kept_per_group
 from pods.tokens import StepContext
-from support.config import compose, shrink
+from support.config import ALGORITHM, compose, shrink
 from support.harness import max_gap, within
 
 
@@ -129,7 +130,7 @@ def test_two_stage_can_miss_the_one_stage_optimum():
 
 def test_kept_rows_passes_the_rules_options_from_the_algorithm_section():
     adv = grpo(reward_rows(2, 3, 6))
-    alg = complete(Algorithm, rule="d3s_two_stage", n=6, m=2, m_intra=3)
+    alg = complete(Algorithm, name="d3s", rule="d3s_two_stage", n=6, m=2, m_intra=3)
     assert torch.equal(kept_rows("d3s_two_stage", adv, 2, alg=alg), two_stage(adv, 2, m_intra=3))
 
 
@@ -139,10 +140,10 @@ def test_select_rows_scopes():
     from pods.step import select_rows, take_rows
 
     rewards = reward_rows(4, 3, 5)
-    kept, adv = select_rows(complete(Algorithm, rule="max_reward", n=5, m=2, advantage_scope="kept"), rewards, 2)
+    kept, adv = select_rows(complete(Algorithm, name="pods", rule="max_reward", n=5, m=2, advantage_scope="kept"), rewards, 2)
     expected = grpo(rewards.flatten()[kept].view(3, 2)).float().flatten()
     assert torch.equal(adv[kept], expected) and adv.sum() == adv[kept].sum() and adv.shape == (15,)
-    kept, adv = select_rows(complete(Algorithm, rule="d3s_cross", n=5, m=2, advantage_scope="group"), rewards, 2)
+    kept, adv = select_rows(complete(Algorithm, name="d3s", rule="d3s_cross", n=5, m=2, advantage_scope="group"), rewards, 2)
     assert torch.equal(adv, grpo(rewards).flatten().float()) and torch.equal(kept, cross_group(grpo(rewards), 2))
     rows = take_rows("d3s_cross", kept, distributed.SINGLE, adv=adv.tolist(), tag=[f"row{i}" for i in range(15)])
     assert rows["tag"] == [f"row{i}" for i in kept.tolist()] and rows["adv"] == adv[kept].tolist()
@@ -166,7 +167,7 @@ def test_token_selection_by_abs_advantage_times_entropy_hand_computed():
     """Scores |A| x H: row 0 = [0.5, 2.0, 1.0, 0.0], row 1 = [1.0, 0.5, 1.0, pad]. K = 3/7 of the 7 tokens keeps 3:
     the 2.0, then a tie of three 1.0s (row 0 col 2, row 1 cols 0 and 2) of which the two earliest win."""
     batch, stats = hand_batch()
-    alg = complete(Algorithm, token_keep=3 / 7)
+    alg = complete(Algorithm, ALGORITHM, token_keep=3 / 7)
     m = top_k_tokens(batch, StepContext(alg=alg, progress=0.3, dist=distributed.SINGLE, stats=stats))
     assert batch.loss_mask.tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
     assert m["tokens_kept_frac"] == pytest.approx(3 / 7)
@@ -178,36 +179,40 @@ def test_token_top_k_is_over_the_whole_step_not_per_micro_batch():
     """Per micro-batch (one row each) 3/7 would keep ceil(3/7 x 4) = 2 of row 0 and ceil(3/7 x 3) = 2 of row 1;
     the step-wide selection keeps 2 + 1, and a micro-batch split of the result leaves it unchanged."""
     batch, stats = hand_batch()
-    top_k_tokens(batch, StepContext(alg=complete(Algorithm, token_keep=3 / 7), progress=0.0, dist=distributed.SINGLE, stats=stats))
+    top_k_tokens(
+        batch, StepContext(alg=complete(Algorithm, ALGORITHM, token_keep=3 / 7), progress=0.0, dist=distributed.SINGLE, stats=stats)
+    )
     assert batch.loss_mask.sum(1).tolist() == [2, 1]
 
 
 def test_token_selection_keeps_every_token_at_k_1_and_the_schedule_moves_k():
     batch, stats = hand_batch()
     before = batch.loss_mask.clone()
-    alg = complete(Algorithm, token_keep=0.2, token_keep_final=1.0, ramp="linear")
+    alg = complete(Algorithm, ALGORITHM, token_keep=0.2, token_keep_final=1.0, ramp="linear")
     m = top_k_tokens(batch, StepContext(alg=alg, progress=1.0, dist=distributed.SINGLE, stats=stats))
     assert torch.equal(batch.loss_mask, before) and m["token_keep"] == 1.0 and m["entropy_dropped"] == 0.0
 
 
 def test_schedule_values_at_progress_0_half_1():
-    alg = complete(Algorithm, m=4, m_final=8, token_keep=0.2, token_keep_final=0.6, ramp="linear")
-    assert [sample_count(alg, p) for p in (0, 0.5, 1)] == [4, 6, 8]
+    alg = complete(Algorithm, name="d3s", n=8, m=4, rule="d3s_intra", m_final=8, token_keep=0.2, token_keep_final=0.6, ramp="linear")
+    assert [kept_per_group(alg, p) for p in (0, 0.5, 1)] == [4, 6, 8]
     assert [token_fraction(alg, p) for p in (0, 0.5, 1)] == pytest.approx([0.2, 0.4, 0.6])
-    assert sample_count({**alg, "m_final": 7}, 0.5) == 6  # 5.5 rounds half up
-    assert sample_count({**alg, "m_final": None}, 0.7) == 4  # no schedule: N = m
+    assert kept_per_group(complete(Algorithm, alg, m_final=7), 0.5) == 6  # 5.5 rounds half up
+    assert kept_per_group(complete(Algorithm, alg, m_final=None), 0.7) == 4  # no schedule: N = m
     assert ramped(0.2, 0.6, 0.5, "cosine") == pytest.approx(0.4) and ramped(0.2, 0.6, 0.25, "cosine") == pytest.approx(
         0.2 + 0.4 * (1 - math.cos(math.pi / 4)) / 2
     )
     assert ramped(0.2, 0.6, 0.9, "constant") == 0.2
-    assert sample_count(alg, 1.7) == 8 and token_fraction(alg, -1) == pytest.approx(0.2)  # clamped to [0, 1]
+    assert kept_per_group(alg, 1.7) == 8 and token_fraction(alg, -1) == pytest.approx(0.2)  # clamped to [0, 1]
 
 
 def test_token_selection_with_no_live_token_keeps_nothing():
     """Every token already out of the loss (e.g. a correction vetoed every sequence): nothing kept, no error."""
     batch, stats = hand_batch()
     batch.loss_mask.zero_()
-    m = top_k_tokens(batch, StepContext(alg=complete(Algorithm, token_keep=0.5), progress=0.0, dist=distributed.SINGLE, stats=stats))
+    m = top_k_tokens(
+        batch, StepContext(alg=complete(Algorithm, ALGORITHM, token_keep=0.5), progress=0.0, dist=distributed.SINGLE, stats=stats)
+    )
     assert batch.loss_mask.sum() == 0
     assert m["tokens_kept_frac"] == 0.0 and m["entropy_kept"] == 0.0 and m["entropy_dropped"] == 0.0
 
@@ -219,7 +224,7 @@ def test_sparse_rl_veto_of_every_sequence_then_d3s_tokens_keeps_nothing(tiny_dir
     from pods import tokens
     from pods.backends.local import LocalBackend
 
-    cfg = compose(["algorithm=d3s", "algorithm.correction=sparse_rl"])
+    cfg = check(compose(["algorithm=d3s", "algorithm.correction=sparse_rl"]))
     backend = LocalBackend(str(tiny_dir), cfg)
     batch, _ = hand_batch()
     batch.sampler_logprobs = (backend.policy_stats(batch).logprobs + 12.0) * batch.loss_mask
@@ -249,7 +254,7 @@ def test_masked_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
     signs = torch.randn(8, generator=torch.Generator().manual_seed(1)).sign()  # |A| = 1: the score |A| x H ranks by H alone
     after, norms = [], []
     for micro in (8, 2):
-        cfg = compose(["algorithm=d3s", f"hardware.micro_batch_size={micro}", "optim.eps=1.0", "algorithm.beta=0.04"])
+        cfg = check(compose(["algorithm=d3s", f"hardware.micro_batch_size={micro}", "optim.eps=1.0", "algorithm.beta=0.04"]))
         backend = LocalBackend(str(tiny_dir), cfg)
         batch = build_batch(prompts, comps, [[0.0] * len(c) for c in comps], signs, 0)
         m = tokens.apply(batch, backend, cfg["algorithm"], 0.5, distributed.SINGLE)

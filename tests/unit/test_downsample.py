@@ -175,13 +175,27 @@ def test_input_not_modified_and_deterministic():
 # ---- all rules: shapes, dtypes, devices ----------------------------------------------------------
 
 
+def _refuses_m_below_n(name: str) -> bool:
+    """Whether the rule keeps every rollout: it refuses to keep 2 of 3, naming m == n."""
+    try:
+        select(name, torch.zeros(1, 3), 2)
+    except ValueError as e:
+        assert "m == n" in str(e), e
+        return True
+    return False
+
+
+CONTRACT_SHAPES = [(5, 16, 4), (3, 64, 16), (2, 7, 7), (4, 300, 100), (0, 8, 3), (0, 300, 10), (1, 1, 1)]  # (G, n, m)
+
+
 @pytest.mark.parametrize("name", RULE_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
 def test_output_contract(name, dtype):
+    """Every rule on every shape it accepts: a rule that refuses m < n (``all`` keeps every rollout) is held to m = n."""
     g = torch.Generator().manual_seed(0)
-    for G, n, m in [(5, 16, 4), (3, 64, 16), (2, 7, 7), (4, 300, 100), (0, 8, 3), (0, 300, 10), (1, 1, 1)]:
-        if name == "all":
-            m = n
+    keeps_all = _refuses_m_below_n(name)
+    for G, n, m in CONTRACT_SHAPES:
+        m = n if keeps_all else m
         r = (torch.randn(G, n, generator=g) * 2).to(dtype)
         kept = select(name, r, m, generator=torch.Generator().manual_seed(1))
         assert_valid(kept, r, m)

@@ -34,15 +34,18 @@ def test_evaluation_logs_both_accuracy(tiny_dir):
     from pods.engines import ENGINES, Sampling
     from pods.eval.accuracy import evaluate
     from pods.models import load_policy, load_tokenizer
-    from pods.schema import Eval, Hardware, ToyDataset, complete
+    from pods.schema import Eval, Hardware, HfRollout, ToyDataset, complete
     from pods.tasks import DATASETS, encode_prompts, score_batch
-    from pods.tiny import DEFAULT_SPEC
+    from pods.tiny import dataset_section
 
     tok = load_tokenizer(str(tiny_dir))
     engine = ENGINES.get("hf")(
-        str(tiny_dir), tok, {"max_batch": 256}, policy=load_policy(str(tiny_dir), complete(Hardware, dtype="float32"))
+        str(tiny_dir),
+        tok,
+        complete(HfRollout, name="hf"),
+        policy=load_policy(str(tiny_dir), complete(Hardware, name="cpu", dtype="float32")),
     )
-    ids, kept, _ = encode_prompts(DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"]).test[:60], tok, 128)
+    ids, kept, _ = encode_prompts(DATASETS.get("toy_arith")(dataset_section()).test[:60], tok, 128)
     golds = [e.gold for e in kept]
     ev = complete(Eval, temperature=1.0, max_tokens=12, repeats=2)
     res = evaluate(engine, ids, golds, ev, complete(ToyDataset, name="toy_arith", recipe="toy", grader="toy"), seed=3)

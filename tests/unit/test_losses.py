@@ -9,6 +9,7 @@ from pods.advantages import ADVANTAGES
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl, token_logprobs
 from pods.schedules import SCHEDULES
 from pods.schema import Algorithm, complete
+from support.config import ALGORITHM
 from support.harness import max_gap, within
 
 
@@ -148,7 +149,7 @@ class _LinearPolicy:
 
         class B(Updater):  # the update's hooks only (no model, no plug-in)
             def __init__(s):
-                s.alg = complete(Algorithm, **{"policy_loss": "clipped", "loss_agg": "bnpo", "epsilon": 0.2, "beta": 0.0, **alg})
+                s.alg = complete(Algorithm, ALGORITHM, **{"policy_loss": "clipped", "loss_agg": "bnpo", "epsilon": 0.2, "beta": 0.0, **alg})
                 s.micro_batch_size = 1
                 s.temperature = 1.0
                 s.theta = torch.tensor(0.3, requires_grad=True)
@@ -204,11 +205,10 @@ def test_loss_temperature_option():
     from pods.config import ConfigError, validate
     from support.config import compose
 
-    cfg = compose(["sampling.temperature=0.9"])
+    cfg = validate(compose(["sampling.temperature=0.9"]))
     assert loss_temperature(cfg) == pytest.approx(0.9)
-    cfg = compose(["sampling.temperature=0.9", "algorithm.loss_temperature=1.0"])
-    assert loss_temperature(cfg) == 1.0
-    validate(cfg)
+    cfg = validate(compose(["sampling.temperature=0.9", "algorithm.loss_temperature=1.0"]))
+    assert loss_temperature(cfg) == 1.0 and loss_temperature(cfg.algorithm, cfg.sampling) == 1.0
     with pytest.raises(ConfigError, match="algorithm.loss_temperature"):
         validate(compose(["algorithm.loss_temperature=hot"]))
 

@@ -78,9 +78,10 @@ def measure_update(cfg_file: str) -> None:
     paths' library pages and AdamW's state come in), then the peak RSS (VmHWM, reset through /proc/self/clear_refs)
     of one update of a full micro-batch, over the RSS just before it. Prints {"base", "peak"} in bytes."""
     from pods.backends.local import LocalBackend
+    from pods.schema import check
 
-    cfg = json.loads(Path(cfg_file).read_text())
-    backend = LocalBackend(cfg["model"]["path"], cfg)  # a plain dict (config.json's form): typed by the schema
+    cfg = check(json.loads(Path(cfg_file).read_text()))  # a plain dict (config.json's form): typed by the schema
+    backend = LocalBackend(cfg.model.path, cfg)
     vocab = backend.model.config.vocab_size
     backend.update(batch(2, 16, 16, vocab, seed=1), lr=1e-4)
     big = batch(cfg["hardware"]["micro_batch_size"], PROMPT, COMPLETION, vocab)
@@ -144,7 +145,7 @@ def test_update_estimate_within_25pc_of_cpu_peak_rss(tmp_path):
     checkpointed peak 2x the live bytes here. Measured on the 2-core machine: 1.107 GB vs 1.114 estimated (kept),
     0.188 vs 0.207 (checkpointed).
     """
-    from pods.memory import estimate
+    from pods.memory.estimator import estimate
 
     model_dir = tmp_path / "model"
     random_model(model_dir, {**SPEC, "hidden_size": 128, "intermediate_size": 512})
@@ -173,7 +174,7 @@ def test_update_estimate_within_25pc_of_cpu_peak_rss(tmp_path):
 def test_qwen3b_bf16_weights_and_what_grows():
     """Qwen2.5-3B-Instruct's bf16 weights are 2 B x 3,085,938,688 params exactly; the estimate grows with the
     micro-batch and the completion length; ZeRO-3 divides the weights by the ranks."""
-    from pods.memory import architecture, estimate
+    from pods.memory.estimator import architecture, estimate
     from pods.memory.update import state_lines
 
     cfg = compose(["model=qwen2_5_3b_instruct", "hardware.dtype=bfloat16"])
@@ -194,7 +195,7 @@ def test_qwen3b_bf16_weights_and_what_grows():
 def test_float32_engine_on_the_l40s_costs_its_weights_and_kv_not_the_card():
     """``rollout.dtype=float32`` (no bf16 merge lag, docs/memory.md): vLLM's weights and KV bytes per token double inside
     the same reservation (0.5 x 48 GB), so the run still fits and holds fewer 1,024-token sequences at once."""
-    from pods.memory import estimate
+    from pods.memory.estimator import estimate
 
     bf16, fp32 = (estimate(compose(["experiment=gsm8k_qwen3b_pods_64_16_l40s", f"rollout.dtype={d}"])) for d in ("bfloat16", "float32"))
     assert fp32.gb("vLLM weights") * 1e9 == pytest.approx(4 * QWEN3B_PARAMS) and bf16.gb("vLLM weights") * 1e9 == pytest.approx(
@@ -210,7 +211,7 @@ def test_every_gpu_experiment_fits_its_card():
     """The shipped GPU experiments at their micro-batch sizes. The dense Sparse-RL arm on one L40S with HF generate
     (4,096-token completions) fits only because the HF engine takes each log-prob as it samples (one step's logits,
     not 4,096) and generates 64 sequences per call: at 256 its dense KV cache alone is 44 GB of the 48."""
-    from pods.memory import estimate, refusal
+    from pods.memory.estimator import estimate, refusal
     from pods.memory.report import gpu_experiments
 
     names = [name for name in gpu_experiments() if not name.endswith("_cpu")]
@@ -232,7 +233,7 @@ def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
     and one more does not."""
     from pods.architectures import ARCHITECTURES
     from pods.errors import ConfigError
-    from pods.memory import check_fits, estimate
+    from pods.memory.estimator import check_fits, estimate
 
     model = tmp_path / "models" / "Qwen2.5-3B-Instruct"
     model.mkdir(parents=True)
@@ -266,7 +267,7 @@ def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
 def test_a_cpu_run_is_never_refused():
     """A CPU run whose estimate exceeds any card (Qwen2.5-7B's architecture, 64 x 4,608 tokens, a 1 GB
     hardware.gpu_memory_gb) passes the check and the whole machine check; only hardware.device=cuda is checked."""
-    from pods.memory import check_fits, estimate
+    from pods.memory.estimator import check_fits, estimate
     from pods.preflight import check_environment
 
     cfg = compose(["model=qwen2_5_7b_instruct", "hardware.micro_batch_size=64", "hardware.gpu_memory_gb=1", "sampling.max_tokens=4096"])

@@ -4,6 +4,7 @@ names the key; a dict caller that leaves keys out gets the schema's defaults (th
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,7 @@ BAD = [
     (("eval", "max_tokenz"), 3, "eval.max_tokenz: unknown key; did you mean 'eval.max_tokens'?"),
     (("rollout", "max_batchsize"), 3, "rollout.max_batchsize: unknown key; did you mean 'rollout.max_batch'?"),
     (("hardware", "lora"), {"r": 8, "alfa": 8}, "hardware.lora.alfa: unknown key; did you mean 'hardware.lora.alpha'?"),
-    (("dataset", "train_size"), 0, "dataset.train_size must be >= 1, got 0"),
+    (("dataset", "test_size"), 0, "dataset.test_size must be >= 1, got 0"),
     (("train", "sampler_gap_warn"), 0.0, "train.sampler_gap_warn must be > 0 (or null), got 0.0"),
 ]
 
@@ -102,7 +103,7 @@ def test_the_shape_follows_the_option():
 
 
 def test_closest_key_for_keys_hydra_did_not_have():
-    from pods.schema.messages import closest_key
+    from pods.schema import closest_key
 
     assert closest_key("optim.lrr").startswith("optim.lrr: unknown key; did you mean 'optim.lr'?")
     assert closest_key("rollout.gpu_memory_utilisation").startswith(
@@ -137,3 +138,47 @@ def test_the_hardware_profile_chooses_the_optimizer_unless_the_run_names_one():
     cfg = compose(["hardware=l40s_lora"])
     cfg["optim"]["name"] = None  # a dict caller leaving it out: check() fills in the profile's
     assert schema.check(cfg)["optim"]["name"] == "adamw_8bit"
+
+
+def test_of_validates_a_dict_over_the_defaults_and_passes_a_section_as_it_is():
+    """``Section.of`` is the one door from a plain dict: validated, or ConfigError in one line naming the dotted key;
+    never an unvalidated section (the package builds none: no ``model_construct`` anywhere in it)."""
+    a = schema.Algorithm(name="grpo", n=4, m=4, rule="all")
+    assert schema.Algorithm.of(a) is a
+    assert schema.SparseRl.of({"cap": 2}) == schema.SparseRl(cap=2.0)  # over the defaults, lax as a dict caller's
+    for section, node, message in [
+        (schema.Algorithm, {"n": "lots", "m": -3}, "algorithm.n must be an integer, got 'lots' (and 3 more)"),
+        (schema.Algorithm, {"name": "x", "n": 2, "m": 4, "rule": "max_variance"}, "algorithm.m (4) must be <= algorithm.n (2)"),
+        (schema.SparseRl, {"band_low": 2.0}, "algorithm.sparse_rl.band_low < band_high required, got [2.0, 1.5]"),
+        (schema.Lora, {"alfa": 8}, "hardware.lora.alfa: unknown key; did you mean 'hardware.lora.alpha'?"),
+        (schema.Eval, {"temperature": -1}, "eval.temperature must be >= 0, got -1"),
+        (schema.Hardware, ["cpu"], "hardware must be a mapping, got list"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            section.of(node)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="train.group_repeats must divide"):
+        schema.complete(schema.Train, prompts_per_step=3, group_repeats=2)
+    package = Path(schema.__file__).parents[1]
+    assert not [p for p in package.rglob("*.py") if "model_construct" in p.read_text()]
+
+
+def test_one_sampling_section_one_set_of_defaults():
+    """The training run's sampling, the evaluation, a benchmark suite and an engine call all carry the Sampling keys
+    of one class, with its defaults (none redefined); greedy is an evaluation's choice, never the training run's."""
+    from pods.engines import Sampling as Call
+    from pods.eval.benchmarks import Suite
+
+    keys = schema.Sampling.model_fields
+    for sub in (schema.Eval, Suite, Call):
+        assert issubclass(sub, schema.Sampling)
+        assert all(repr(sub.model_fields[k]) == repr(keys[k]) for k in keys), sub.__name__  # inherited as they are
+    call = Call.draw(schema.complete(schema.Eval, temperature=0.0, max_tokens=7, stop=["\n"]), seed=3)
+    assert call == Call(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=7, stop=["\n"], seed=3)
+    assert schema.check(compose(["eval.temperature=0"])).eval.temperature == 0.0
+    cfg = compose([])
+    cfg["sampling"]["temperature"] = 0.0
+    with pytest.raises(ConfigError, match=r"^sampling.temperature must be > 0, got 0.0$"):
+        schema.check(cfg)
+    for suite in sorted((CONF / "suite").glob("*.yaml")):  # a suite's length is its own (the shared default is 12)
+        assert "\nmax_tokens:" in suite.read_text(), suite.name

@@ -12,10 +12,10 @@ from pods import distributed
 from pods.backends.base import TokenStats, build_batch
 from pods.loop import train
 from pods.metrics import read_metrics
-from pods.schema import Algorithm, ToyLongDataset, complete
+from pods.schema import Algorithm, ToyLongDataset, check, complete
 from pods.sparse_rl import DEFAULTS, sparse_rl, sparse_rl_weights
 from pods.tokens import CORRECTIONS, StepContext
-from support.config import compose, shrink
+from support.config import ALGORITHM, compose, shrink
 from support.harness import max_gap, within
 
 
@@ -33,7 +33,9 @@ def _batch_with_ratios(ratios: list[list[float]]):
 def test_hand_computed_rejection_masking_and_weights():
     # row 0: ratios 1.0, 2.0 (masked: > 1.5), 0.8 ; row 1: 1e-5 -> the whole row is vetoed ; row 2 (2 tokens): 1.2, 0.4 (masked)
     batch, dense = _batch_with_ratios([[1.0, 2.0, 0.8], [1.0, 1e-5, 1.0], [1.2, 0.4]])
-    ctx = StepContext(alg=complete(Algorithm, correction="sparse_rl"), progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense))
+    ctx = StepContext(
+        alg=complete(Algorithm, ALGORITHM, correction="sparse_rl"), progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense)
+    )
     metrics = CORRECTIONS.get("sparse_rl")(batch, ctx)
     assert batch.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [1, 0, 0]]
     # capped weights min(r, 1.5) on the kept tokens: 1.0, 0.8, 1.2 -> mean 1.0 over the post-rejection tokens
@@ -67,14 +69,14 @@ def test_released_normaliser_is_left_to_each_micro_batch():
     and hands the update the ORIGINAL mask to normalise each micro-batch over (tests/unit/test_losses.py checks that step)."""
     batch, dense = _batch_with_ratios([[1.0, 2.0, 0.8], [1.0, 1e-5, 1.0], [1.2, 0.4]])
     original = batch.loss_mask.clone()
-    alg = complete(Algorithm, correction="sparse_rl", sparse_rl={**DEFAULTS, "weight_norm": "all", "norm_scope": "micro_batch"})
+    alg = complete(Algorithm, ALGORITHM, correction="sparse_rl", sparse_rl={**DEFAULTS, "weight_norm": "all", "norm_scope": "micro_batch"})
     CORRECTIONS.get("sparse_rl")(batch, StepContext(alg=alg, progress=0.0, dist=distributed.SINGLE, stats=TokenStats(dense)))
     assert torch.equal(batch.weight_norm_mask, original) and batch.loss_mask.tolist() == [[1, 0, 1], [0, 0, 0], [1, 0, 0]]
     assert batch.token_weights[0].tolist() == pytest.approx([1.0, 1.5, 0.8])  # min(r, 1.5), not divided
 
 
 def test_registered_with_stats_request():
-    assert CORRECTIONS.get("sparse_rl") is sparse_rl and sparse_rl.needs_stats
+    assert CORRECTIONS.get("sparse_rl") is sparse_rl and CORRECTIONS.spec("sparse_rl").needs_stats
 
 
 def test_identity_with_the_dense_hf_sampler(tiny_dir, tmp_path):
@@ -104,7 +106,7 @@ def test_corrected_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
     comps = [torch.randint(10, 290, (int(k),), generator=g).tolist() for k in torch.randint(2, 13, (8,), generator=g)]
     after, norms = [], []
     for micro in (8, 2):
-        cfg = compose(["algorithm=grpo", "algorithm.correction=sparse_rl", f"hardware.micro_batch_size={micro}", "optim.eps=1.0"])
+        cfg = check(compose(["algorithm=grpo", "algorithm.correction=sparse_rl", f"hardware.micro_batch_size={micro}", "optim.eps=1.0"]))
         backend = LocalBackend(str(tiny_dir), cfg)
         batch = build_batch(prompts, comps, [[0.0] * len(c) for c in comps], torch.randn(8, generator=torch.Generator().manual_seed(1)), 0)
         dense = backend.policy_stats(batch).logprobs
@@ -159,11 +161,13 @@ def test_toy_long_task_answers_step_by_step():
     from pods.tasks.toy_long import solution
 
     assert solution([23, 45, 12, 31]) == "23+45=68 68+12=80 80+31=111 Answer: 111"
-    data = DATASETS.get("toy_long")(complete(ToyLongDataset, name="toy_long", train_size=300, test_size=50))
+    data = DATASETS.get("toy_long")(
+        complete(ToyLongDataset, name="toy_long", recipe="toy_long", grader="toy", train_size=300, test_size=50)
+    )
     assert len(data.train) == 300 and not {e.id for e in data.train} & {e.id for e in data.test}
     assert all(4 <= len(e.id.split("+")) <= 6 and int(e.gold) == sum(map(int, e.id.split("+"))) for e in data.train)
     ex = data.test[0]
-    good = DATASETS.get("toy_long").sft_target(ex)
+    good = DATASETS.spec("toy_long").sft_target(ex)
     score = RECIPES.get("toy_long")(good, ex.gold, grade_toy)
     assert score.correct and score.reward == pytest.approx(1.0)
     assert RECIPES.get("toy_long")(good.replace("Answer: ", "= "), ex.gold, grade_toy).reward == pytest.approx(0.8)

@@ -37,9 +37,9 @@ def test_large_budget_equals_dense_hf_engine(model_tok, tiny_dir):
     s = Sampling(temperature=0.0, max_tokens=20)
     dense = ENGINES.get("hf")(tiny_dir, tok, complete(HfRollout, name="hf"), policy=model).generate(prompts, 2, s)
     for method in ("sink_window", "snapkv", "rkv"):
-        sparse = ENGINES.get("sparse_hf")(tiny_dir, tok, {"method": method, "budget": 512, "interval": 16}, policy=model).generate(
-            prompts, 2, s
-        )
+        sparse = ENGINES.get("sparse_hf")(
+            tiny_dir, tok, complete(SparseHfRollout, name="sparse_hf", method=method, budget=512, interval=16), policy=model
+        ).generate(prompts, 2, s)
         assert sparse.completion_ids == dense.completion_ids
         for a, b in zip(sparse.logprobs, dense.logprobs):
             within(max_gap(torch.tensor(a), torch.tensor(b)), 1e-4, f"{method} with a budget above the length vs dense")
@@ -59,20 +59,30 @@ def _masked_logprob(model, seq: list[int], P: int, visible: list[torch.Tensor], 
     return float(logits.log_softmax(-1)[seq[-1]])
 
 
-@pytest.mark.parametrize("method", ["sink_window", "snapkv"])
-def test_small_budget_bounds_the_cache_and_logprobs_match_the_kept_cache(model_tok, tiny_dir, method):
+def _first_two_then_recent(L: int, n_kept: int) -> list[int]:
+    """A query-free rule by hand (sink=2): every position while they fit, else the first 2 plus the most recent."""
+    return list(range(L)) if n_kept == L else [0, 1] + list(range(L - (n_kept - 2), L))
+
+
+@pytest.mark.parametrize("method, by_hand", [("sink_window", _first_two_then_recent), ("snapkv", None)])
+def test_small_budget_bounds_the_cache_and_logprobs_match_the_kept_cache(model_tok, tiny_dir, method, by_hand):
+    """``by_hand``: the kept positions from the length alone, for a policy that reads no queries (None: it does)."""
+    assert KV_POLICIES.spec(method).needs_queries is (by_hand is None)
     model, tok = model_tok
     prompts = _prompts(tok, 1)
     P = len(prompts[0])
     budget, interval = P + 2, 2
     eng = ENGINES.get("sparse_hf")(
-        tiny_dir, tok, {"method": method, "budget": budget, "interval": interval, "window": 4, "sink": 2}, policy=model
+        tiny_dir,
+        tok,
+        complete(SparseHfRollout, name="sparse_hf", method=method, budget=budget, interval=interval, window=4, sink=2),
+        policy=model,
     )
     eng.record = True
     for seed in range(20):  # the first sample longer than 4 tokens (the tiny model often answers in 3): compression happened
         torch.manual_seed(seed)
         eng.kept_log = []
-        ro = eng.generate(prompts, 1, Sampling(temperature=1.0, max_tokens=24, stop=()))
+        ro = eng.generate(prompts, 1, Sampling(temperature=1.0, max_tokens=24, stop=[]))
         if len(ro.completion_ids[0]) > 4:
             break
     comp, lps = ro.completion_ids[0], ro.logprobs[0]
@@ -81,11 +91,11 @@ def test_small_budget_bounds_the_cache_and_logprobs_match_the_kept_cache(model_t
     assert ro.metrics["kv_bytes_sparse"] < ro.metrics["kv_bytes_dense"]
     for t in range(1, len(comp)):
         kept = eng.kept_log[t - 1][0][0]  # layer 0, row 0: positions visible to the query decoding token t
-        if method == "sink_window":  # independent rule: first 2 plus the most recent positions
+        if by_hand is not None:  # independent rule: the positions follow from the length
             n_kept, L = len(kept), P + t
-            assert kept.tolist() == (list(range(L)) if n_kept == L else [0, 1] + list(range(L - (n_kept - 2), L)))
+            assert kept.tolist() == by_hand(L, n_kept)
             assert n_kept == L or n_kept > budget - interval
-        # one mask serves every layer when all layers kept the same sets so far (always for sink_window)
+        # one mask serves every layer when all layers kept the same sets so far (always for a query-free policy)
         if all(torch.equal(k[li][0], k[0][0]) for k in eng.kept_log[:t] for li in range(len(k))):
             visible = [eng.kept_log[i][0][0] for i in range(t)]
             assert _masked_logprob(model, prompts[0] + comp[: t + 1], P, visible, 1.0) == pytest.approx(lps[t], abs=1e-4)
@@ -104,6 +114,11 @@ def test_policies_by_hand():
 
 def test_bad_budget_is_named():
     with pytest.raises(ValueError, match="rollout.budget"):
-        check_settings({"method": "snapkv", "budget": 16, "interval": 10, "window": 8})
+        check_settings(complete(SparseHfRollout, name="sparse_hf", method="snapkv", budget=16, interval=10, window=8))
+    # sink_window always keeps its sink, not a window: the same budget leaves room above 4 sink positions
+    sink = {"name": "sparse_hf", "method": "sink_window", "budget": 16, "interval": 10}
+    assert check_settings(complete(SparseHfRollout, **sink, window=8, sink=4)).budget == 16
+    with pytest.raises(ValueError, match="must exceed 6"):
+        check_settings(complete(SparseHfRollout, **sink, window=2, sink=6))
     with pytest.raises(ValueError, match="unknown KV compression method"):
-        check_settings({"method": "nope"})
+        check_settings(complete(SparseHfRollout, name="sparse_hf", method="nope"))

@@ -11,7 +11,7 @@ from pods.eval.accuracy import evaluate
 from pods.models import load_policy, load_tokenizer
 from pods.schema import Hardware, HfRollout, ToyDataset, complete
 from pods.tasks import DATASETS, encode_prompts
-from pods.tiny import DEFAULT_SPEC
+from pods.tiny import DEFAULT_SPEC, dataset_section
 from support.harness import max_gap, within
 
 
@@ -21,7 +21,7 @@ def test_tokenizer_round_trip_and_auto_tokenizer_agree(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
     assert isinstance(tok, PreTrainedTokenizerFast)
     auto = AutoTokenizer.from_pretrained(str(tiny_dir))  # what vLLM and other tools will load
-    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    data = DATASETS.get("toy_arith")(dataset_section())
     ids, kept, dropped = encode_prompts(data.test[:50], tok, 128)
     auto_ids, _, _ = encode_prompts(data.test[:50], auto, 128)
     assert ids == auto_ids and dropped == 0
@@ -38,18 +38,18 @@ def test_model_config_is_vllm_compatible(tiny_dir):
 
 def test_warm_start_accuracy_is_well_inside_0_and_1(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32"))
-    engine = ENGINES.get("hf")(str(tiny_dir), tok, {"max_batch": 256}, policy=model)
-    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    model = load_policy(str(tiny_dir), complete(Hardware, name="cpu", dtype="float32"))
+    engine = ENGINES.get("hf")(str(tiny_dir), tok, complete(HfRollout, name="hf"), policy=model)
+    data = DATASETS.get("toy_arith")(dataset_section())
     ids, kept, _ = encode_prompts(data.test[:100], tok, 128)
     from pods.schema import Eval
 
-    ev = {**Eval().model_dump(), "temperature": 1.0, "max_tokens": 12, "repeats": 2}
+    ev = complete(Eval, temperature=1.0, max_tokens=12, repeats=2)
     ds = complete(ToyDataset, name="toy_arith", recipe="toy", grader="toy")
     res = evaluate(engine, ids, [e.gold for e in kept], ev, ds, seed=0)
     assert 0.05 < res["accuracy"] < 0.85, res  # label-smoothed warm start: sampled answers often carry a stray token
     assert res["format_accuracy"] > 0.05
-    greedy = evaluate(engine, ids, [e.gold for e in kept], {**ev, "temperature": 0.0, "repeats": 1}, ds, seed=0)
+    greedy = evaluate(engine, ids, [e.gold for e in kept], complete(Eval, ev, temperature=0.0, repeats=1), ds, seed=0)
     # the warm start must be past the step where addition is learnt (400 steps gave 0.97 on one machine, 0.10 on another)
     assert greedy["accuracy"] > 0.9, greedy
 
@@ -60,9 +60,9 @@ def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
     from pods.losses import token_logprobs
 
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32")).eval()
+    model = load_policy(str(tiny_dir), complete(Hardware, name="cpu", dtype="float32")).eval()
     engine = ENGINES.get("hf")(str(tiny_dir), tok, complete(HfRollout, name="hf"), policy=model)
-    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    data = DATASETS.get("toy_arith")(dataset_section())
     ids, _, _ = encode_prompts(data.test[:3], tok, 128)
     torch.manual_seed(0)
     ro = engine.generate(ids, 4, Sampling(temperature=0.7, max_tokens=12))
@@ -79,10 +79,10 @@ def test_hf_engine_logprobs_match_a_fresh_forward(tiny_dir):
 
 def test_hf_engine_greedy_with_n_repeats_and_ignores_the_models_generation_config(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
-    model = load_policy(str(tiny_dir), complete(Hardware, dtype="float32")).eval()
+    model = load_policy(str(tiny_dir), complete(Hardware, name="cpu", dtype="float32")).eval()
     model.generation_config.repetition_penalty = 5.0  # must not leak into the engine's sampling
     engine = ENGINES.get("hf")(str(tiny_dir), tok, complete(HfRollout, name="hf"), policy=model)
-    data = DATASETS.get("toy_arith")(DEFAULT_SPEC["dataset"])
+    data = DATASETS.get("toy_arith")(dataset_section())
     ids, _, _ = encode_prompts(data.test[:2], tok, 128)
     ro = engine.generate(ids, 3, Sampling(temperature=0.0, max_tokens=8))
     assert ro.completion_ids[0] == ro.completion_ids[1] == ro.completion_ids[2]
@@ -128,7 +128,7 @@ def test_a_build_that_loses_the_race_to_a_concurrent_one_returns_and_cleans_up(t
     from pods.tiny import _drop_stale_builds, _publish, load_tokenizer, shipped
 
     src = shipped({})
-    tok, model = load_tokenizer(src), load_policy(str(src), complete(Hardware, dtype="float32"))
+    tok, model = load_tokenizer(src), load_policy(str(src), complete(Hardware, name="cpu", dtype="float32"))
     out = tmp_path / "tiny-x"
     _publish(model, tok, {"who": "winner"}, out)
     _publish(model, tok, {"who": "loser"}, out)  # rename onto a non-empty directory: OSError, tolerated

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pods.schema import check
 from support.config import ROOT, compose, shrink
 from support.harness import VLLM_ENGINE as ENGINE
 from support.harness import max_gap, needs_vllm_kernels, torchrun, within, worker_env
@@ -25,7 +26,7 @@ def _hw(**values) -> dict:
     """A gloo hardware section (the schema's defaults otherwise), as the workers' distributed.init receives it."""
     from pods.schema import Hardware, complete
 
-    return complete(Hardware, dist_backend="gloo", **values)
+    return complete(Hardware, name="cpu", dist_backend="gloo", **values)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -43,12 +44,12 @@ def vllm_worker(out: Path) -> None:
     dist = distributed.init(_hw())
     model_dir = ensure_tiny()
     tok = load_tokenizer(str(model_dir))
-    engine = ENGINES.get("vllm")(model_dir, tok, compose(ENGINE[:2])["rollout"])  # max_model_len derived (null)
+    engine = ENGINES.get("vllm")(model_dir, tok, check(compose(ENGINE[:2])).rollout)  # max_model_len derived (null)
     vcfg = engine.llm.llm_engine.vllm_config
     worker_ranks = engine.llm.collective_rpc(lambda w: (w.rank, w.local_rank))[0]
     from pods.tasks import DATASETS, encode_prompts
 
-    prompts = encode_prompts(DATASETS.get("toy_arith")(compose()["dataset"]).test[:2], tok, None)[0]
+    prompts = encode_prompts(DATASETS.get("toy_arith")(check(compose()).dataset).test[:2], tok, None)[0]
     ro = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=8))
     gathered = dist.all_gather(torch.tensor([float(dist.rank)]))  # the trainer's default group after vLLM joined it
     group_world = torch.distributed.get_world_size()
@@ -192,7 +193,7 @@ def test_lora_export_dequantises_every_4bit_layer_in_and_outside_target_modules(
 
     import pods.backends.local as local
 
-    cfg = compose(["hardware.finetune=lora", "hardware.lora.target_modules=[q_proj]"])
+    cfg = check(compose(["hardware.finetune=lora", "hardware.lora.target_modules=[q_proj]"]))
     backend = local.LocalBackend(str(tiny_dir), cfg)
     with torch.no_grad():
         for n, p in backend.model.named_parameters():
@@ -286,7 +287,7 @@ def shards_worker(out: Path) -> None:
 
     torch.set_num_threads(1)
     distributed.init(_hw())
-    backend = DeepSpeedBackend(str(ensure_tiny()), compose(["hardware=cpu_ddp2_zero3", "hardware.deepspeed.stage=2"]))
+    backend = DeepSpeedBackend(str(ensure_tiny()), check(compose(["hardware=cpu_ddp2_zero3", "hardware.deepspeed.stage=2"])))
     batch = build_batch([[11, 12, 13]] * 2, [[20, 21], [22]], [[0.0, 0.0], [0.0]], torch.tensor([1.0, -1.0]), 0)
     weights = lambda: {k: v.clone() for k, v in backend.export_weights()}  # noqa: E731
     backend.update(batch, 1e-2)

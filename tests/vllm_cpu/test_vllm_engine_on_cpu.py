@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 
+from pods.schema import check
 from support.config import compose, shrink
 from support.harness import VLLM_ENGINE as ENGINE
 from support.harness import assert_not_imported, needs_vllm_kernels, within
@@ -37,7 +38,7 @@ SYNC_TOL = 1e-3
 def backend_for(tiny_dir, overrides=()):
     from pods.backends.local import LocalBackend
 
-    cfg = compose([*ENGINE, *overrides])
+    cfg = check(compose([*ENGINE, *overrides]))
     return LocalBackend(str(tiny_dir), cfg), cfg
 
 
@@ -52,7 +53,7 @@ def tok(tiny_dir):
 def prompts(tok):
     from pods.tasks import DATASETS, encode_prompts
 
-    task = DATASETS.get("toy_arith")(compose()["dataset"])
+    task = DATASETS.get("toy_arith")(check(compose()).dataset)
     return encode_prompts(task.test[:6], tok, None)[0]
 
 
@@ -60,7 +61,7 @@ def prompts(tok):
 def engine(tiny_dir, tok):
     from pods.engines import ENGINES
 
-    eng = ENGINES.get("vllm")(tiny_dir, tok, compose(ENGINE)["rollout"])
+    eng = ENGINES.get("vllm")(tiny_dir, tok, check(compose(ENGINE)).rollout)
     yield eng
     eng.close()
 
@@ -79,7 +80,7 @@ def test_engine_start_leaves_the_trainer_alone_and_close_frees_it(tiny_dir, tok)
     torch.manual_seed(123)
     random.seed(123)
     states = (torch.get_rng_state(), random.getstate())
-    eng = ENGINES.get("vllm")(tiny_dir, tok, compose(ENGINE)["rollout"])
+    eng = ENGINES.get("vllm")(tiny_dir, tok, check(compose(ENGINE)).rollout)
     assert torch.equal(torch.get_rng_state(), states[0]) and random.getstate() == states[1]
     torch.set_num_threads(1)
     assert torch.get_num_threads() == 1
@@ -124,7 +125,7 @@ def test_sampled_logprobs_are_the_trainers_at_temperature(engine, tiny_dir, prom
 def test_stop_strings(engine, prompts):
     from pods.engines import Sampling
 
-    ro = engine.generate(prompts, 2, Sampling(temperature=1.0, max_tokens=12, seed=0, stop=(":",)))
+    ro = engine.generate(prompts, 2, Sampling(temperature=1.0, max_tokens=12, seed=0, stop=[":"]))
     pairs = list(zip(ro.finish_reasons, ro.texts))
     # a sample at T = 1 may also stop at the end-of-turn token after a stray one (the tiny model samples "Answer:"
     # about half the time): what must hold is that a ':' ends its sample there and then, as a stop
