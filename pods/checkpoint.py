@@ -7,7 +7,9 @@ shards into ``step_XXXXXX.shards/`` first, then rank 0 writes the file with ever
 Safe to load: the file holds only tensors and plain types (the Python and NumPy RNG states are converted to
 tensors), tagged ``FORMAT``, and is read with ``torch.load(weights_only=True)``, which unpickles no code. A
 file that is not a pods checkpoint (or was written before this format) fails with one line naming
-``train.resume``. DeepSpeed's shard files are read the same way (``DeepSpeedBackend.load_sharded``).
+``train.resume``, and so does one written by another number of processes or under another ZeRO stage (recorded
+as ``zero_stage``), before any state is read into the backend. The run's settings were compared before anything
+loaded (``pods.resume``). DeepSpeed's shard files are read the same way (``DeepSpeedBackend.load_sharded``).
 
 Retention: ``keep`` (``train.keep_checkpoints``) keeps the newest k checkpoints of the run directory (with
 their shard directories) and deletes older ones after the new one is complete; null keeps every one. At the end
@@ -84,6 +86,7 @@ def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None, k
             "sampler": sampler.state_dict(),
             "rng": rng_state(),
             "extra_rng": extra_rng,
+            "zero_stage": zero_stage(backend),
         }
         if dist is not None and dist.world > 1:
             blob["ranks"] = rngs  # rank r resumes with rngs[r]
@@ -144,6 +147,15 @@ def read(path: Path) -> dict:
     return blob
 
 
+def zero_stage(backend) -> int | None:
+    """The DeepSpeed ZeRO stage ``backend`` trains under (recorded in the checkpoint); None for the local backend."""
+    return getattr(backend, "stage", None)
+
+
+def _zero(stage: int | None) -> str:
+    return "no ZeRO (one process's whole state)" if stage is None else f"ZeRO stage {stage}"
+
+
 def _reason(e: Exception) -> str:
     """The informative line of an exception (torch's unpickling errors: the "WeightsUnpickler error" one), <= 200 chars."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
@@ -159,6 +171,15 @@ def load(path: Path, backend, sampler, dist=None) -> tuple[dict, dict]:
     ranks = blob.get("ranks") or [{"rng": blob["rng"], "extra_rng": blob["extra_rng"]}]
     if len(ranks) != world:
         raise ConfigError(f"train.resume: checkpoint {path} was written by {len(ranks)} processes; this run has {world}")
+    stage, now = (
+        blob.get("zero_stage", zero_stage(backend)),
+        zero_stage(backend),
+    )  # (a checkpoint written before it was recorded: unchecked)
+    if stage != now:
+        raise ConfigError(
+            f"train.resume: checkpoint {path} was written under {_zero(stage)}; this run trains under {_zero(now)} "
+            "(hardware.backend, hardware.deepspeed.stage): a checkpoint resumes only under its own"
+        )
     if "shards" in blob["backend"]:
         try:
             backend.load_sharded(path.parent / blob["backend"]["shards"])

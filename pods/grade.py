@@ -8,17 +8,21 @@ full reference solution: GSM8K "#### x" or MATH "\\boxed{x}"). Output rows are t
 ``correct``, ``extracted``, ``error`` (null, or why the row scored 0: a timeout, a crash) and, with
 ``--recipe``, ``reward`` and ``reward_terms``. Rows stream through in batches, each grading call under
 the time limit of pods.tasks.score_batch; a malformed row is reported with its line number and skipped.
-Exit code 2 for bad arguments, 0 otherwise.
+The output is written whole or not at all (a temporary file beside it, renamed at the end); it may not be the input.
+Exit codes: 0 graded; 2 bad arguments (one line), or no row of the input could be graded (nothing is written).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from pods.errors import ConfigError, need
+from pods.files import atomic, writable
 from pods.tasks import GRADERS, RECIPES, score_batch
 from pods.tasks.extract import last_boxed
 from pods.tasks.gsm8k import gsm8k_gold
@@ -27,7 +31,11 @@ GOLD_FROM_SOLUTION = {"gsm8k": gsm8k_gold, "math": last_boxed}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pods-grade", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="pods-grade",
+        description=__doc__.split("\n\n")[0],
+        epilog="exit codes: 0 graded; 2 bad arguments (one line), or no row of the input could be graded (nothing written)",
+    )
     p.add_argument("--task", required=True, choices=sorted(GOLD_FROM_SOLUTION), help="how to read gold answers out of solutions")
     p.add_argument("--grader", default="lenient", choices=GRADERS.names(), help="correctness grader (default: lenient)")
     p.add_argument("--recipe", default=None, choices=RECIPES.names(), help="also compute this reward recipe")
@@ -38,10 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None, help="grading worker processes (default: min(2, cores))")
     p.add_argument("--batch-size", type=int, default=512, help="rows graded per batch")
     args = p.parse_args(argv)
-    if not args.input.is_file():
-        p.error(f"--input: file not found: {args.input}")
-    if args.timeout <= 0 or args.batch_size <= 0:
-        p.error("--timeout and --batch-size must be positive")
+    need(args.input.is_file(), f"--input: file not found: {args.input}")
+    need(args.timeout > 0 and args.batch_size > 0, "--timeout and --batch-size must be positive")
+    same = args.output.exists() and os.path.samefile(args.input, args.output)
+    need(not same, f"--output {args.output} is the input file: grading would overwrite what it reads; name another file")
+    writable(args.output, "--output")
     return args
 
 
@@ -67,7 +76,14 @@ def read_row(line: str, args: argparse.Namespace) -> tuple[dict | None, str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        return grade(parse_args(argv))
+    except ConfigError as e:
+        print(f"pods-grade: error: {e}", file=sys.stderr)
+        return 2
+
+
+def grade(args: argparse.Namespace) -> int:
     from pods.progress import bar as progress_bar
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     with (
         args.input.open(encoding="utf-8", errors="replace") as fin,
-        args.output.open("w", encoding="utf-8") as fout,
+        atomic(args.output, "w", encoding="utf-8") as fout,
         progress_bar(total=total, unit="row", file=sys.stderr) as bar,
     ):
         batch: list[tuple[dict, str]] = []
@@ -121,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush()
         if batch:
             flush()
+        if not stats["rows"]:  # raised inside the with: the output is not written
+            why = f"all {stats['skipped']} rows are malformed (each named above)" if stats["skipped"] else "it holds no row"
+            raise ConfigError(f"nothing to grade in {args.input}: {why}; {args.output} not written")
     print(summary(stats, args, time.time() - start))
     return 0
 

@@ -1,7 +1,8 @@
 """The training loop: GRPO, GRPO-GA, GRPO-PODS and D3S are one loop with different config values.
 
 ``train(cfg, run_dir)`` runs one experiment:
-  (0) check the config (typed, before any model or dataset loads) and set the run up (``Run``);
+  (0) check the config (typed, before any model or dataset loads) and a resume against the run's own record
+  (``pods.resume``: exact or refused; a finished run is left as it is), and set the run up (``Run``);
   then, until the step or time budget is spent, each step
   (1) samples this rank's prompts, (2) generates n rollouts per prompt, (3) scores them, (4) down-samples to the
   plan's kept count per group with the named rule, (5) computes advantages on the kept rollouts (D3S: on the full
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pods import checkpoint, distributed, tokens
+from pods import checkpoint, distributed, resume, tokens
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
@@ -139,7 +140,9 @@ class Run:
         self.run_dir = Path(self.dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
-            (self.run_dir / "config.json").write_text(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
+            tmp = self.run_dir / "config.json.tmp"  # replaced whole: a kill leaves the old record or the new one
+            tmp.write_text(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
+            tmp.replace(self.run_dir / "config.json")
         if hw.torch_threads:
             torch.set_num_threads(hw.torch_threads)
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank samples its own rollouts
@@ -246,7 +249,7 @@ class Run:
         if stopped or at_end == "full":
             self.save()
         if (t.save_final or at_end == "weights" or self.cfg.eval.suite) and not stopped:  # the suite reads final/
-            self.backend.save_pretrained(str(self.run_dir / "final"))
+            self.backend.save_final(str(self.run_dir / "final"), self.tok)  # weights, tokenizer, an adapter's base
         if not stopped and at_end != "full":
             checkpoint.discard(self.ckpt_dir, self.dist)  # a finished run resumes no more: its periodic checkpoints go
         self.logger.close()
@@ -257,7 +260,12 @@ class Run:
 
 def train(cfg: dict | Root, run_dir: str | Path) -> dict:
     """Run one experiment; returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
-    run = Run(validate(cfg), run_dir)  # (0) typed and checked before any model or dataset is loaded
+    cfg = validate(cfg)  # (0) typed and checked before any model or dataset is loaded
+    end = resume.check(cfg, run_dir)  # a resume with other settings: refused; a finished run: nothing to do
+    if end is not None:
+        setup().info(resume.finished_line(run_dir, end))
+        return end
+    run = Run(cfg, run_dir)
     run.resume()
     if run.engine.needs_sync:  # the engine serves the trainer's policy (a 4-bit base: its NF4 values), or the resumed one
         run.engine.load_weights(run.backend.export_weights())

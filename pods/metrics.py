@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
+from pods.log import get
+
 
 class MetricsLogger:
-    """``resume_step``: the step of the checkpoint this start resumed from (None or 0: a fresh start). Rows
-    logged after it by an earlier start are dropped from ``metrics.jsonl``; W&B continues the same run."""
+    """``resume_step``: the step of the checkpoint this start resumed from (0: a resume that found none and starts the
+    run again; None: no resume). Rows logged after it by an earlier start are dropped from ``metrics.jsonl`` (0: all
+    of them), and so is a last row cut short by a kill mid-write; W&B continues the same run. Each row is appended
+    whole (``append``)."""
 
     def __init__(self, run_dir: str | Path, cfg, enabled: bool = True, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -20,9 +25,8 @@ class MetricsLogger:
         self.wandb = None
         if not enabled:
             return
-        if resume_step is not None and self.path.exists():  # drop rows written after the checkpoint we resume from
-            rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if resume_step is not None and self.path.exists():
+            keep(self.path, resume_step)
         if cfg.logger.name == "wandb":
             from pods.wandb_log import WandbRun
 
@@ -33,8 +37,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        append(self.path, json.dumps(clean) + "\n")
         if self.wandb is not None:
             self.wandb.log(clean)
 
@@ -59,6 +62,52 @@ class MetricsLogger:
             self.wandb = None
 
 
+def lines(path: str | Path) -> tuple[list[str], str]:
+    """The whole lines of a metrics file (each ending in a newline) and what follows the last one: a row cut short by
+    a kill mid-write ('' when none)."""
+    text = Path(path).read_text()
+    whole, _, partial = text.rpartition("\n")
+    return ([line + "\n" for line in whole.split("\n")] if whole or text.startswith("\n") else []), partial
+
+
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict]:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a metrics file (of ``kind``); a last line cut short by a kill mid-write is dropped with a warning,
+    any other line that is not a JSON row is a ``ConfigError`` naming it."""
+    from pods.errors import ConfigError
+
+    whole, partial = lines(path)
+    if partial.strip():
+        get(__name__).warning(f"{path}: dropped its last line, cut short mid-write ({len(partial)} characters)")
+    rows = []
+    for i, line in enumerate(whole, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            raise ConfigError(f"{path}: line {i} is not a JSON row: not a metrics file of pods, or edited") from None
     return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def keep(path: Path, step: int) -> None:
+    """On resume from the checkpoint of ``step`` (0: a fresh start): only the rows logged up to it stay, byte for byte
+    (a row cut short mid-write goes too); the file is replaced whole (a kill now leaves the old or the new one)."""
+    whole, partial = lines(path)
+    rows = read_metrics(path)  # warns about a cut row; refuses a file that is not ours
+    kept = [line for line, r in zip([w for w in whole if w.strip()], rows) if step and r.get("step", 0) <= step]
+    if len(kept) == len(rows) and not partial and len(whole) == len(kept):
+        return  # nothing to drop: the file is left as it is
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def append(path: Path, text: str) -> None:
+    """One row, whole: one write to the end of the file, flushed to the OS before the next row."""
+    data = text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)

@@ -51,10 +51,13 @@ def _device(cfg: Root) -> None:
 
 
 def _files(cfg: Root) -> None:
+    from pods.tasks.hub import empty_file
+
     for split in ("train", "test"):
         files = getattr(cfg.dataset, f"{split}_files", None)  # the hub dataset shape's local files
         for p in [files] if isinstance(files, str) else files or []:
             need(Path(p).is_file(), f"dataset.{split}_files: file not found: {p}")
+            need(not empty_file(p), f"dataset.{split}_files: {p} is empty (no records)")
     resume = cfg.train.resume
     need(
         resume in (None, "auto") or Path(resume).is_file(),

@@ -3,7 +3,9 @@
 Before Hydra starts a run (and makes its directory), ``preflight`` composes every run the command asks for (a
 sweep: each combination) with Hydra's compose API and checks it: the schema (``pods.schema``), the cross-field
 rules (``pods.config``) and, for a run on this machine, the machine (``pods.preflight``). A bad input exits with
-code 2 and one line naming the key. The run itself gets the validated plain dict in ``pods.loop.train``.
+code 2 and one line naming the key. A resume (``train.resume``) is checked there against each job's run directory
+(``pods.resume``), before Hydra writes into it; a finished single run only says so. The run itself gets the
+validated plain dict in ``pods.loop.train``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
+from pods import resume
 from pods.compose import CONF, compose_job, expand, hydra_context, job_dict, parse, to_plain
 from pods.errors import ConfigError
 from pods.numerics import pin
@@ -47,24 +50,51 @@ def check(cfg: dict, machine: bool = True) -> Root:
     return root
 
 
-def preflight(argv: list[str]) -> None:
+def output_dir(job: DictConfig, key: str) -> None:
+    """``ConfigError`` in one line unless the job's ``key`` (``hydra.run.dir``, ``hydra.sweep.dir``) is a folder this
+    process can create or write in: before Hydra makes it and the run writes its config there."""
+    from pods.files import writable
+
+    try:
+        path = OmegaConf.select(job, key, throw_on_resolution_failure=True)
+    except Exception:  # noqa: BLE001 - an interpolation the resolvers cannot resolve here: Hydra's own error later
+        return
+    if path is not None:
+        writable(path, key, directory=True)
+
+
+def preflight(argv: list[str]) -> str | None:
     """Compose and check every job of the command line; ``ConfigError`` on the first bad one. Only flags Hydra
-    runs jobs with are understood (``-m``); with any other flag (``--cfg``, ``--help``, ...) Hydra decides alone."""
+    runs jobs with are understood (``-m``); with any other flag (``--cfg``, ``--help``, ...) Hydra decides alone.
+    A resume is checked against its run directory here, before Hydra writes into it (``pods.resume``); a single
+    run that is finished returns what to say instead of running."""
     multirun = any(a in ("-m", "--multirun") for a in argv)
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return
+        return None
     overrides = [a for a in argv if a not in ("-m", "--multirun")]
     sweeps = [o for o, parsed in zip(overrides, parse(overrides)) if parsed.is_sweep_override()]
     if sweeps and not multirun:
         raise ConfigError(f"{sweeps[0]}: several values need a sweep: add -m (--multirun)")
     with hydra_context("train"):
         if not multirun:
-            suite_of(check(job_dict(compose_job(overrides))))
-            return
+            job = compose_job(overrides)
+            output_dir(job, "hydra.run.dir")
+            root = check(job_dict(job))
+            suite_of(root)
+            end = resume.check(root, OmegaConf.select(job, "hydra.run.dir"))
+            return None if end is None else resume.finished_line(OmegaConf.select(job, "hydra.run.dir"), end)
         first = compose_job([o for o in overrides if o not in sweeps])
+        output_dir(first, "hydra.sweep.dir")
         params = [f"{k}={v}" for k, v in (OmegaConf.select(first, "hydra.sweeper.params") or {}).items()]
-        for job in expand(params + overrides)[:MAX_CHECKED_JOBS]:  # a sweep may run elsewhere (SLURM): each job checks its machine
-            suite_of(check(job_dict(compose_job(job)), machine=False), machine=False)
+        jobs = expand(params + overrides)[:MAX_CHECKED_JOBS]
+        for num, args in enumerate(jobs):  # a sweep may run elsewhere (SLURM): each job checks its machine
+            job = compose_job(args)
+            root = check(job_dict(job), machine=False)
+            suite_of(root, machine=False)
+            with read_write(job.hydra.job):
+                job.hydra.job.num = num  # the job's directory, as Hydra's basic sweeper will name it
+            resume.check(root, Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir))  # a finished job says so when it runs
+    return None
 
 
 def rank0() -> bool:
@@ -133,6 +163,11 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         plain = check(to_plain(cfg))
+        end = resume.check(plain, run_dir)  # before anything loads: a resume with other settings is refused
+        if end is not None:  # a finished run (a re-run sweep's job): it says so, and nothing of it changes
+            if rank0():
+                print(resume.finished_line(run_dir, end), flush=True)
+            return end.get("accuracy")
         prepared = prepare_suite(plain)  # before the run: Hydra is initialised here, so it composes with this one
         last = train(plain, run_dir)
     except (ConfigError, FileNotFoundError) as e:
@@ -146,9 +181,13 @@ def main() -> float | None:
     """``pods-train``: check the command line's runs, then let Hydra run them."""
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     try:
-        preflight(sys.argv[1:])
+        finished = preflight(sys.argv[1:])
     except ConfigError as e:
         fail(e)
+    if finished:  # a single run resumed after its end: nothing runs, Hydra writes nothing into it
+        if rank0():
+            print(finished, flush=True)
+        return None
     return run()
 
 

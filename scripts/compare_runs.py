@@ -8,6 +8,8 @@ each side, its label (from the algorithm settings), steps, seconds per step and 
 mean curve; then both mean curves on one grid (every evaluation interval; a point only averages the runs that reach it); then how
 much sooner B reaches 99% of A's best mean accuracy than A does, against training seconds and against optimizer
 steps (``pods.results.curves.speedup``: the first crossing on a fine grid up to the median end of the runs).
+A side without a run, or whose runs have fewer than two evaluations each (no curve), and a ``--csv`` that cannot
+be written are refused in one line (exit 2) before anything is read; the table is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing pods
 
+from pods.errors import ConfigError, need  # noqa: E402
+from pods.files import writable  # noqa: E402
 from pods.results.curves import mean_curves, speedup  # noqa: E402
 from pods.results.report import table, write_csv  # noqa: E402
 from pods.results.runs import LABELS, Run, load_run  # noqa: E402
@@ -42,6 +46,8 @@ def describe(side: str, path: Path, runs: list[Run], rows: list[dict], metric: s
     steps = sum(r.costs["steps"] for r in runs) / len(runs)
     s_step = sum(r.costs["s_per_step"] for r in runs) / len(runs)
     mean = [r[side] for r in rows if side in r]
+    if not mean:
+        return f"{side}: {path} ({', '.join(labels)}): no point on the common grid"
     return (
         f"{side}: {path} ({', '.join(labels)}; {len(runs)} run{'s' if len(runs) > 1 else ''}): {steps:.0f} steps, {s_step:.3f} s/step; "
         f"{metric} {mean[0]:.3f} at start, best {max(mean):.3f}, last {mean[-1]:.3f}"
@@ -66,6 +72,20 @@ def comparison(runs: dict[str, list[Run]], x: str, metric: str) -> str:
     )
 
 
+def check(args: argparse.Namespace) -> dict[str, list[Run]]:
+    """Both sides' runs, each with a curve of ``args.metric``, and ``--csv`` writable; else ``ConfigError``."""
+    if args.csv is not None:
+        writable(args.csv, "--csv")
+    runs = {"A": runs_at(args.a), "B": runs_at(args.b)}
+    for side, path in (("A", args.a), ("B", args.b)):
+        need(runs[side], f"{side}: no run at {path} (a directory with metrics.jsonl, or one with run directories below it)")
+        found = curves(runs[side], "time", args.metric)
+        need(found, f"{side}: no evaluation with '{args.metric}' in the runs at {path}")
+        most = max(c[0].size for c in found)
+        need(most > 1, f"{side}: the runs at {path} have {most} evaluation with '{args.metric}' each: a curve needs two or more")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("a", type=Path, help="the baseline: a run directory or a directory of runs")
@@ -74,12 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--metric", default="accuracy", help="an eval metric of metrics.jsonl (accuracy, both_accuracy, reward, ...)")
     p.add_argument("--csv", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
-    runs = {"A": runs_at(args.a), "B": runs_at(args.b)}
-    for side, path in (("A", args.a), ("B", args.b)):
-        if not runs[side]:
-            p.error(f"{side}: no run at {path} (a directory with metrics.jsonl, or one with run directories below it)")
-        if not curves(runs[side], "time", args.metric):
-            p.error(f"{side}: no evaluation with '{args.metric}' in the runs at {path}")
+    try:
+        runs = check(args)
+    except ConfigError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
     rows = curve_table(runs, args.x, args.metric)
     print(describe("A", args.a, runs["A"], rows, args.metric))
     print(describe("B", args.b, runs["B"], rows, args.metric))

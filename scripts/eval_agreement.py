@@ -8,7 +8,9 @@ and counts how often the verdicts agree. Only the numbers are written (their dat
     python scripts/eval_agreement.py --authors-repo /path/to/pods-authors [--grader lenient] [--out results/grader_agreement]
 
 ``--authors-repo`` is a checkout (with ``results/*.json``) or a bare git directory (read with ``git show HEAD:...``).
-Writes ``<out>/<grader>.json`` and ``<out>/<grader>.md``; ``--show N`` prints N disagreements per set.
+Writes ``<out>/<grader>.json`` and ``<out>/<grader>.md`` (each whole or not at all); ``--show N`` prints N
+disagreements per set. A missing or empty repository, one without result files, an unknown grader or an ``--out``
+that cannot be written is refused in one line (exit 2) before anything is graded.
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pods.errors import ConfigError, need  # noqa: E402
+from pods.files import atomic, writable  # noqa: E402
+
 
 def result_files(repo: Path) -> dict[str, str]:
-    """{file name: JSON text} of the authors' per-run result files (checkout or bare git directory)."""
+    """{file name: JSON text} of the authors' per-run result files (checkout or bare git directory); ``ConfigError``
+    when ``repo`` is neither or holds none."""
     if (repo / "results").is_dir():
-        return {p.name: p.read_text() for p in sorted((repo / "results").glob("*-Run*.json"))}
-    names = subprocess.run(
-        ["git", "--git-dir", str(repo), "ls-tree", "--name-only", "HEAD", "results/"], capture_output=True, text=True, check=True
+        files = {p.name: p.read_text() for p in sorted((repo / "results").glob("*-Run*.json"))}
+        need(files, f"--authors-repo: no results/*-Run*.json in {repo}")
+        return files
+    names = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "--name-only", "HEAD", "results/"], capture_output=True, text=True)
+    need(
+        names.returncode == 0,
+        f"--authors-repo: {repo} is neither a checkout with results/ nor a git directory (git: {(names.stderr.strip().splitlines() or ['failed'])[-1]})",
     )
     out = {}
     for name in names.stdout.split():
@@ -37,6 +47,7 @@ def result_files(repo: Path) -> dict[str, str]:
             out[Path(name).name] = subprocess.run(
                 ["git", "--git-dir", str(repo), "show", f"HEAD:{name}"], capture_output=True, text=True, check=True
             ).stdout
+    need(out, f"--authors-repo: no results/*-Run*.json at HEAD of {repo}")
     return out
 
 
@@ -91,19 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from pods.tasks import GRADERS
 
-    if not args.authors_repo.exists():
-        print(f"--authors-repo: {args.authors_repo} does not exist", file=sys.stderr)
+    try:
+        need(args.authors_repo.exists(), f"--authors-repo: {args.authors_repo} does not exist")
+        need(args.grader in GRADERS.names(), f"--grader: unknown grader '{args.grader}' (one of {', '.join(GRADERS.names())})")
+        writable(args.out, "--out", directory=True)
+        grade = GRADERS.get(args.grader)
+        sets = labelled_examples(result_files(args.authors_repo))
+    except ConfigError as e:
+        print(f"eval_agreement.py: error: {e}", file=sys.stderr)
         return 2
-    grade = GRADERS.get(args.grader)
-    sets = labelled_examples(result_files(args.authors_repo))
     stats = {}
     for name in sorted(sets):
         stats[name], disagreements = agreement(grade, sets[name])
         for completion, gold, theirs, ours in disagreements[: args.show]:
             print(f"--- {name}: gold {gold!r}, authors {theirs}, pods {ours}\n{completion[-400:]}\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.grader}.json").write_text(json.dumps({"grader": args.grader, "sets": stats}, indent=2) + "\n")
-    (args.out / f"{args.grader}.md").write_text(table(args.grader, stats))
+    with atomic(args.out / f"{args.grader}.json") as f:
+        f.write(json.dumps({"grader": args.grader, "sets": stats}, indent=2) + "\n")
+    with atomic(args.out / f"{args.grader}.md") as f:
+        f.write(table(args.grader, stats))
     print(table(args.grader, stats))
     return 0
 

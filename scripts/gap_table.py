@@ -9,6 +9,9 @@ tolerance / largest gap) and flags any check whose gap reached its tolerance:
 
 ``--per-test`` prints the shorter table of docs/numerics.md instead: one line per test (its checks, tolerances, the
 largest gap per ISA, the smallest margin over its checks).
+
+Exit codes: 0 every gap below its tolerance; 1 some gap reached it; 2 bad input (a missing file, a line that is not
+a gap row: one line naming the file and line).
 """
 
 from __future__ import annotations
@@ -32,10 +35,30 @@ def _test(r: dict) -> tuple[str, str]:
     return file.removeprefix("tests/"), test.split("[")[0]
 
 
+FIELDS = {"test": str, "what": str, "measured": (int, float), "tol": (int, float), "isa": str}  # one harness.within row
+
+
+class BadRow(ValueError):
+    """A line of a gaps file that is not a gap row."""
+
+
 def read_rows(paths: list[Path]) -> list[dict]:
+    """Every gap row of ``paths``; ``BadRow`` naming the file and line of the first that is not JSON or lacks a field."""
     rows = []
     for path in paths:
-        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadRow(f"{path}:{n}: not JSON ({e.msg}): not a gaps file written by make test-isa") from None
+            bad = [k for k, t in FIELDS.items() if not isinstance(row, dict) or not isinstance(row.get(k), t)]
+            if bad:
+                raise BadRow(f"{path}:{n}: not a gap row (missing or mistyped: {', '.join(bad)}; a row has {', '.join(FIELDS)})")
+            rows.append(row)
+    if not rows:
+        raise BadRow(f"no gap rows in {', '.join(map(str, paths))}")
     return rows
 
 
@@ -89,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-test", action="store_true", help="one line per test (the table in docs/numerics.md)")
     args = ap.parse_args(argv)
     missing = [str(p) for p in args.files if not p.is_file()]
-    if missing:
-        sys.exit(f"gap_table: no such file: {', '.join(missing)} (make test-isa writes them)")
-    rows = read_rows(args.files)
+    try:
+        if missing:
+            raise BadRow(f"no such file: {', '.join(missing)} (make test-isa writes them)")
+        rows = read_rows(args.files)
+    except BadRow as e:
+        print(f"gap_table.py: error: {e}", file=sys.stderr)
+        return 2
     text, over = table(rows)
     sys.stdout.write(per_test(rows) if args.per_test else text)
     return 1 if over else 0

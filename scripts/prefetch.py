@@ -14,6 +14,8 @@ hub: what ``dataset.train_files`` / ``dataset.test_files`` and a benchmark's ``f
 holds, per experiment and per suite, the Hydra overrides that point it at these copies (also printed). With
 ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` set, or ``--check``, nothing is downloaded: the report lists what is
 missing and the exit code is 1. Gated models (Llama) need ``HF_TOKEN``. Nothing is deleted; reruns resume.
+An unknown experiment, figure or suite, or a ``--dir`` that cannot be written (with ``--args``: a file), is refused
+in one line (exit 2) before anything is downloaded.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from pods.errors import ConfigError  # noqa: E402
+from pods.files import atomic, writable  # noqa: E402
 
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]  # config, tokenizer, weights; no .bin/.pth copies
 _PLAIN = re.compile(r"^[\w/.\-]+$")  # Hydra takes these unquoted
@@ -215,7 +220,8 @@ def write_overrides(needs: list[Needs], root: Path) -> Path:
     body = {n.name: n.overrides(root) for n in needs}
     head = f"# Hydra overrides pointing runs at the copies in {root} (scripts/prefetch.py).\n"
     head += f"# python -m pods.train experiment=NAME $(python scripts/prefetch.py --dir {root} --args NAME)\n"
-    path.write_text(head + yaml.safe_dump(body, sort_keys=True, width=1000))
+    with atomic(path) as f:
+        f.write(head + yaml.safe_dump(body, sort_keys=True, width=1000))
     return path
 
 
@@ -228,10 +234,17 @@ def args_of(name: str, root: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     root = Path(a.dir).resolve()
-    if a.args:
-        print(args_of(a.args, root))
-        return 0
-    needs = plan(*selection(a))
+    try:
+        if a.args:  # prints paths only: DIR may be a read-only copy on a compute node, but not a file
+            if root.is_file():
+                raise ConfigError(f"--dir: {a.dir} is a file, not a directory")
+            print(args_of(a.args, root))
+            return 0
+        writable(root, "--dir", directory=True)
+        needs = plan(*selection(a))
+    except ConfigError as e:
+        print(f"prefetch.py: error: {e}", file=sys.stderr)
+        return 2
     failures = [] if a.check or offline() else download(needs, root)
     lines = report(needs, root)
     path = write_overrides(needs, root)

@@ -15,7 +15,9 @@ and on average over the forward passes. The sparse engine's cache sizes are repl
 completion lengths (``cache_sizes``, the engine's schedule; a test checks it against the engine's own peak).
 
 ``report`` writes ``summary.csv`` (one row per run), ``accuracy_vs_step.csv`` (every evaluation),
-``<arm>_s<seed>.metrics.jsonl`` / ``.final_eval.json`` and ``accuracy_vs_step.png`` (mean +- sd over seeds; KV bytes per arm).
+``<arm>_s<seed>.metrics.jsonl`` / ``.final_eval.json`` and ``accuracy_vs_step.png`` (mean +- sd over seeds; KV bytes per arm),
+each file whole or not at all; without a finished run (``final_eval.json``) it refuses in one line (exit 2) and
+writes nothing. ``--runs`` reads runs from another folder, ``--out`` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing pods
+
+from pods.errors import ConfigError  # noqa: E402
+from pods.files import atomic, writable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"dense": "sparse_rl_long_dense_cpu", "sparse": "sparse_rl_long_uncorrected_cpu", "sparse_rl": "sparse_rl_long_cpu"}
@@ -62,14 +67,14 @@ def kv_stats(prompts: list[int], completions: list[int], budget: int | None, int
 
 
 # ---- run: the training runs ---------------------------------------------------------------------------------
-def _job(arm: str, seed: int) -> tuple[list[str], Path]:
-    run_dir = RUNS / f"{arm}_s{seed}"
+def _job(arm: str, seed: int, runs: Path = RUNS) -> tuple[list[str], Path]:
+    run_dir = runs / f"{arm}_s{seed}"
     cmd = ["nice", "-n", "5", sys.executable, "-m", "pods.train", f"experiment={ARMS[arm]}", f"seed={seed}"]
     return cmd + ["train.save_final=true", f"hydra.run.dir={run_dir}"], run_dir
 
 
-def run(seeds: list[int], jobs: int, load: Path) -> None:
-    run_jobs([_job(arm, s) for s in seeds for arm in ARMS], jobs, load)
+def run(seeds: list[int], jobs: int, load: Path, runs: Path = RUNS) -> None:
+    run_jobs([_job(arm, s, runs) for s in seeds for arm in ARMS], jobs, load)
 
 
 def run_jobs(todo: list[tuple[list[str], Path]], jobs: int, load: Path) -> None:
@@ -152,10 +157,10 @@ SUMMARY = [
 ]  # fmt: skip
 
 
-def _runs() -> list[tuple[str, int, Path]]:
+def _runs(runs: Path = RUNS) -> list[tuple[str, int, Path]]:
     found = []
     for arm in ARMS:
-        for d in sorted(RUNS.glob(f"{arm}_s*")):
+        for d in sorted(runs.glob(f"{arm}_s*")):
             if d.name.removeprefix(f"{arm}_s").isdigit() and (d / "final_eval.json").exists():
                 found.append((arm, int(d.name.removeprefix(f"{arm}_s")), d))
     return found
@@ -242,24 +247,42 @@ def plot(curves: dict[str, dict[int, list[float]]], rows: list[dict], path: Path
     bx.grid(alpha=0.3, axis="y")
     bx.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic(path, "wb") as f:
+        fig.savefig(f, dpi=120, format=path.suffix[1:])
     plt.close(fig)
 
 
-def report(out: Path) -> list[dict]:
+def copy(src: Path, dst: Path) -> None:
+    """``src`` to ``dst``, whole or not at all."""
+    with atomic(dst, "wb") as f, src.open("rb") as g:
+        shutil.copyfileobj(g, f)
+
+
+def fail(msg: str) -> None:
+    print(f"{Path(__file__).name}: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def report(out: Path, runs: Path = RUNS) -> list[dict]:
+    """The files under ``out`` (see the module's doc), every one computed before the first is written."""
     from pods.metrics import read_metrics
     from pods.results.report import write_csv
 
+    found = _runs(runs)
+    if not found:
+        fail(f"no finished run under {runs} (a <arm>_s<seed> folder with final_eval.json: `run`, then `final`); {out} left as it was")
+    out.mkdir(parents=True, exist_ok=True)
     rows, curve_rows, curves = [], [], {}
-    for arm, seed, d in _runs():
+    for arm, seed, d in found:
         rows.append(run_row(arm, seed, d))
-        shutil.copyfile(d / "metrics.jsonl", out / f"{arm}_s{seed}.metrics.jsonl")
-        shutil.copyfile(d / "final_eval.json", out / f"{arm}_s{seed}.final_eval.json")
         for e in (r for r in read_metrics(d / "metrics.jsonl") if r.get("kind") == "eval"):
             curve_rows.append(
                 {"arm": arm, "seed": seed, "step": e["step"], "train_time": round(e["train_time"], 2), "accuracy": e["accuracy"]}
             )
             curves.setdefault(arm, {}).setdefault(e["step"], []).append(e["accuracy"])
+    for arm, seed, d in found:
+        copy(d / "metrics.jsonl", out / f"{arm}_s{seed}.metrics.jsonl")
+        copy(d / "final_eval.json", out / f"{arm}_s{seed}.final_eval.json")
     write_csv(rows, out / "summary.csv", SUMMARY)
     write_csv(curve_rows, out / "accuracy_vs_step.csv", ["arm", "seed", "step", "train_time", "accuracy"])
     plot(curves, rows, out / "accuracy_vs_step.png", "toy_long, tiny Qwen2, CPU: dense vs compressed-KV rollouts")
@@ -283,16 +306,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("what", choices=["run", "final", "report"])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--runs", type=Path, default=RUNS, help="the run directories' folder (default runs/sparse_rl_long)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
+    if args.what != "final":  # run appends load.txt there, report writes its files
+        try:
+            writable(args.out, "--out", directory=True)
+        except ConfigError as e:
+            fail(str(e))
     if args.what == "run":
-        run(args.seeds, args.jobs, args.out / "load.txt")
+        run(args.seeds, args.jobs, args.out / "load.txt", args.runs)
     elif args.what == "final":
-        for d in [_job(a, s)[1] for s in args.seeds for a in ARMS]:
+        for d in [_job(a, s, args.runs)[1] for s in args.seeds for a in ARMS]:
             if (d / "final" / "config.json").exists() and not (d / "final_eval.json").exists():
                 print(d.name, json.dumps(final(d)), flush=True)
     else:
-        report(args.out)
+        report(args.out, args.runs)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ without / with the correction, 60 s of training per run.
 ``load.txt`` every 30 s (``scripts/sparse_rl_long.py``'s runner). The experiments' budget is seconds, so step
 counts and accuracies follow the machine's speed and load. ``report`` writes ``summary.csv`` (one row per run:
 steps, accuracies, and the means over its train rows), ``accuracy_vs_time.csv`` (every evaluation),
-``<arm>_s<seed>.metrics.jsonl`` and prints the README's table (mean +- sd over seeds).
+``<arm>_s<seed>.metrics.jsonl`` and prints the README's table (mean +- sd over seeds), each file whole or not at
+all; without a finished run it refuses in one line (exit 2) and writes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing pods
+
+from pods.errors import ConfigError  # noqa: E402
+from pods.files import atomic, writable  # noqa: E402
+
 ARMS = {"dense": "sparse_rl_toy_dense_cpu", "sparse": "sparse_rl_toy_uncorrected_cpu", "sparse_rl": "sparse_rl_toy_cpu"}
 NAMES = {"dense": "dense GRPO", "sparse": "sparse, uncorrected", "sparse_rl": "Sparse-RL"}
 RUNS = ROOT / "runs" / "sparse_rl_toy"
@@ -111,7 +117,7 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def report(runs: Path = RUNS, out: Path = OUT) -> list[dict]:
-    rows, curves = [], []
+    rows, curves, found = [], [], []
     for arm in ARMS:
         for d in sorted(runs.glob(f"{arm}_s*")):
             if not (d / "metrics.jsonl").exists():
@@ -119,16 +125,25 @@ def report(runs: Path = RUNS, out: Path = OUT) -> list[dict]:
             row, curve = run_row(arm, int(d.name.rsplit("_s", 1)[1]), d)
             rows.append(row)
             curves += curve
-            shutil.copy(d / "metrics.jsonl", out / f"{d.name}.metrics.jsonl")
+            found.append(d)
     if not rows:
-        sys.exit(f"sparse_rl_toy: no finished runs under {runs} (run `python scripts/sparse_rl_toy.py run` first)")
+        fail(f"no finished runs under {runs} (run `python scripts/sparse_rl_toy.py run` first); {out} left as it was")
+    out.mkdir(parents=True, exist_ok=True)
+    for d in found:  # every row computed before the first file is written
+        with atomic(out / f"{d.name}.metrics.jsonl", "wb") as f, (d / "metrics.jsonl").open("rb") as g:
+            shutil.copyfileobj(g, f)
     for name, data in (("summary.csv", rows), ("accuracy_vs_time.csv", curves)):
-        with (out / name).open("w", newline="") as f:
+        with atomic(out / name, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(data[0]))
             w.writeheader()
             w.writerows(data)
     print("\n".join(table(rows)))
     return rows
+
+
+def fail(msg: str) -> None:
+    print(f"sparse_rl_toy.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,8 +153,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=Path, default=RUNS)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        writable(args.out, "--out", directory=True)
+    except ConfigError as e:
+        fail(str(e))
     if args.what == "run":
+        args.out.mkdir(parents=True, exist_ok=True)
         _long().run_jobs(jobs_for(args.seeds, args.runs), len(ARMS), args.out / "load.txt")
     report(args.runs, args.out)
 

@@ -233,6 +233,7 @@ class Backend(Updater, ABC):
     def __init__(self, model_dir: str, cfg: Root | Sections):
         if not isinstance(cfg, Sections):
             cfg = Sections.of(cfg)
+        self.model_dir = model_dir  # the base the policy was loaded from (what a LoRA final/ needs)
         self.model_cfg, self.hw, self.alg, self.optim_cfg = cfg.model, cfg.hardware, cfg.algorithm, cfg.optim
         self.micro_batch_size = cfg.hardware.micro_batch_size
         self.temperature = cfg.temperature
@@ -279,6 +280,36 @@ class Backend(Updater, ABC):
     @abstractmethod
     def save_pretrained(self, out_dir: str) -> None:
         """The policy as a model directory (``train.checkpoint_at_end=weights``, ``train.save_final``)."""
+
+    def save_final(self, out_dir: str, tok) -> None:
+        """``final/``: a complete model directory, the policy (``save_pretrained``: full weights, or a LoRA adapter)
+        with its tokenizer and chat template, so ``pods-eval RUN/final`` and ``from_pretrained`` load it alone. An
+        adapter's ``adapter_config.json`` names the base it goes over (``base_model_name_or_path``: the directory the
+        run loaded), and ``pods_final.json`` says so in words."""
+        import json
+        from pathlib import Path
+
+        self.save_pretrained(out_dir)  # a collective under ZeRO-3; rank 0 writes
+        if self.rank != 0:
+            return
+        out = Path(out_dir)
+        tok.save_pretrained(out_dir)
+        for marker in ("pods_tiny.json",):  # how pods.models.load_tokenizer knows a pods-built tokenizer
+            if (Path(self.model_dir) / marker).is_file():
+                (out / marker).write_bytes((Path(self.model_dir) / marker).read_bytes())
+        adapter = out / "adapter_config.json"
+        note = {"weights": "full", "base_model": None}
+        if adapter.is_file():
+            cfg = json.loads(adapter.read_text())
+            cfg["base_model_name_or_path"] = str(self.model_dir)
+            adapter.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            note = {
+                "weights": "LoRA adapter",
+                "base_model": str(self.model_dir),
+                "load": "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), this directory); "
+                "pods-eval THIS_DIRECTORY does so",
+            }
+        (out / "pods_final.json").write_text(json.dumps(note, indent=2) + "\n")
 
     @abstractmethod
     def state_dict(self) -> dict:

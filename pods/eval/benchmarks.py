@@ -136,9 +136,9 @@ def load_records(b: Benchmark, prompt: str) -> list[Example]:
     from pods.tasks.prompts import PROMPTS
 
     if b.files:
-        records = load_files(b.files, key=f"benchmark {b.name}.files")
+        records = load_files(b.files, key=f"suite.benchmarks.{b.name}.files")
     elif b.hub:
-        records = load_hub(b.hub.model_dump(), b.hub.split, name=b.name)
+        records = load_hub(b.hub.model_dump(), b.hub.split, name=b.name, files_key=f"suite.benchmarks.{b.name}.files")
     else:
         raise ConfigError(f"benchmark '{b.name}': neither hub nor files is set")
     to_prompt, to_gold = PROMPTS.get(prompt), GOLDS.get(b.gold)
@@ -147,7 +147,7 @@ def load_records(b: Benchmark, prompt: str) -> list[Example]:
         where = f"benchmark '{b.name}' record {i}"
         gold = to_gold(field(rec, (b.answer,), where))
         if not gold:
-            raise ValueError(f"{where}: no gold answer in column '{b.answer}' (gold format '{b.gold}')")
+            raise ConfigError(f"{where}: no gold answer in column '{b.answer}' (gold format '{b.gold}')")
         messages, text = to_prompt(str(field(rec, (b.question,), where)))
         uid = str(rec[b.id]) if b.id and rec.get(b.id) is not None else f"{b.name}/{i}"
         out.append(Example(messages=messages, gold=gold, id=uid, prompt_text=text))

@@ -8,8 +8,9 @@ its base). Suites: ``conf/suite/*.yaml`` (their benchmarks: ``conf/benchmark/*.y
 as ``suite.samples=4``, ``suite.only=[math500]``, ``suite.benchmarks.math500.files=/data/math500.jsonl``.
 Writes ``<out>/eval/<suite>/``: summary.json (per benchmark and macro-averaged avg@n, pass@k, maj@k), table.md,
 samples.jsonl (one row per completion) and config.json. ``--out`` defaults to the run directory, else ".".
-Bad input (an unknown suite or benchmark, k > samples, a run directory without weights, a hub id offline) is one
-line and exit code 2, before any model loads. This module only parses the command line into typed arguments (a
+Bad input (an unknown suite or benchmark, k > samples, a run directory without weights, a directory with no model,
+a corrupt checkpoint, a hub id offline, an ``--out`` that is a file or cannot be written) is one line and exit code 2,
+before any model loads and before anything is written. This module only parses the command line into typed arguments (a
 ``Suite``, a ``Target``, ``Options``) for ``pods.eval.run.evaluate_suite``, which a training run's ``eval.suite`` calls
 too; ``--engine`` is a name in ``pods.engines.ENGINES``.
 """
@@ -51,19 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     from pods.eval.benchmarks import compose_suite
     from pods.eval.run import Options, check_options, evaluate_suite, load_suite, suite_prompt
     from pods.eval.weights import resolve
+    from pods.files import writable
     from pods.schema import _validate
 
     try:  # everything checked before a model loads
         suite = compose_suite(args.suite, args.overrides)
         options = _validate(Options, {"engine": args.engine, "device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}, "")
         check_options(options)
+        if args.out is not None:
+            writable(args.out, "--out", directory=True)
         target = resolve(args.model, args.checkpoint)
+        out = writable((args.out or target.run_dir or Path(".")) / "eval" / suite.name, "--out", directory=True)
         data = load_suite(suite, suite_prompt(suite, target.run_cfg))
+        evaluate_suite(suite, target, options, out, data)  # what it refuses (weights that do not fit) it refuses before writing
     except ConfigError as e:
         print(f"pods-eval: {e}", file=sys.stderr)
         return 2
-    out = (args.out or target.run_dir or Path(".")) / "eval" / suite.name
-    evaluate_suite(suite, target, options, out, data)
     print((out / "table.md").read_text())
     print(f"-> {out}")
     return 0

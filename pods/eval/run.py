@@ -68,7 +68,7 @@ def build_engine(target: Target, options: Options):
     from pods.eval.weights import load
     from pods.models import load_tokenizer
 
-    cls, tok = ENGINES.get(options.engine), load_tokenizer(target.base)
+    cls, tok = ENGINES.get(options.engine), load_tokenizer(target.tokenizer or target.base)
     given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
     section = _validate(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
     if issubclass(cls, PolicyEngine):
@@ -151,8 +151,8 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
     check_options(options)
     prompt = suite_prompt(suite, target.run_cfg)
     data = load_suite(suite, prompt) if data is None else data
-    out.mkdir(parents=True, exist_ok=True)
     engine, tok = build_engine(target, options)
+    out.mkdir(parents=True, exist_ok=True)  # after the model loaded: a failure leaves no empty directory behind
     per = {}
     with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
         for name, examples in data.items():

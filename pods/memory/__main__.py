@@ -1,5 +1,7 @@
 """``python -m pods.memory``: the memory report (``pods.memory.report``)."""
 
+import sys
+
 from pods.memory.report import main
 
-main()
+sys.exit(main())

@@ -3,17 +3,22 @@
 conf/experiment/, one table each and ``estimates.csv`` (one row per experiment, with the largest micro-batch that
 fits). The config is composed as ``pods.train`` composes it and completed by the schema; no other check runs
 (a hub model need not be reachable here, nor 8 GPUs present).
+
+Exit codes: 0 the estimate fits the card (or no card is known); 2 bad input (one line, before any estimate);
+3 DOES NOT FIT: the estimate (with ``--all``: some experiment's) exceeds the card, the tables printed and written.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from pathlib import Path
 
 from pods.compose import CONF, compose
-from pods.errors import ConfigError
+from pods.errors import ConfigError, need
+from pods.files import atomic, writable
 from pods.memory.estimator import Estimate, estimate, largest_fitting
 from pods.schema import Root
 from pods.step import largest_micro_batch
@@ -55,16 +60,30 @@ def gpu_experiments() -> list[str]:
     return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pods.memory", description=__doc__.split("\n\n")[0])
+DOES_NOT_FIT = 3  # the exit code when an estimate exceeds its card (0: fits, 2: bad input)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m pods.memory",
+        description=__doc__.split("\n\n")[0],
+        epilog="exit codes: 0 fits (or no card known), 2 bad input, 3 DOES NOT FIT (with --all: some experiment)",
+    )
     ap.add_argument("--all", action="store_true", help="every experiment with hardware.device=cuda")
     ap.add_argument("--out", type=Path, help="with --all: write OUT/estimates.csv")
     ap.add_argument("--card-gb", type=float, help="the card's memory in GB (default: hardware.gpu_memory_gb)")
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:
+        card = args.card_gb
+        if card is not None:
+            need(card > 0 and math.isfinite(card), f"--card-gb: a card's memory in GB is a positive number, got {card:g}")
+        need(args.out is None or args.all, "--out: only --all writes a file (OUT/estimates.csv)")
+        if args.out is not None:
+            writable(args.out / "estimates.csv", "--out")
         if not args.all:
-            print(estimate(compose(overrides, rules=False, job_name="memory"), args.card_gb).table())
-            return
+            est = estimate(compose(overrides, rules=False, job_name="memory"), args.card_gb)
+            print(est.table())
+            return DOES_NOT_FIT if est.fits is False else 0
         rows = []
         for name in gpu_experiments():
             cfg = compose([f"experiment={name}", *overrides], rules=False, job_name="memory")
@@ -75,11 +94,12 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row(name, cfg, est))
     except (ConfigError, ValueError) as e:
         print(f"pods: config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "estimates.csv", "w", newline="") as f:
+        with atomic(args.out / "estimates.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
         print(f"wrote {args.out / 'estimates.csv'} ({len(rows)} experiments)")
+    return DOES_NOT_FIT if any(r["fits"] is False for r in rows) else 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pods.files import atomic
 from pods.results.curves import CURVE_FIELDS, MeanCurve, band, bootstrap_speedup, curve_rows, ratio, speedup
 from pods.results.runs import Run
 
@@ -21,9 +22,10 @@ EVAL_FIELDS = ["label", "run_dir", "step", "train_time", "accuracy", "format_acc
 
 
 def write_csv(rows: list[dict], path: str | Path, fields: list[str]) -> Path:
+    """``rows`` as a CSV at ``path``, whole or not at all (a failure leaves the old file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    with atomic(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)

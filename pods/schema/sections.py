@@ -359,7 +359,7 @@ class Wandb(Section):
 
 
 class Root(Section):
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0  # NumPy takes 0..2**32 - 1; the run seeds seed + rank
     model: Model
     dataset: HubDataset | ToyLongDataset | ToyDataset
     rollout: HfRollout | VllmRollout | SparseHfRollout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pods.errors import ConfigError
 from pods.tasks.base import DATASETS, TaskData
 from pods.tasks.extract import after_hashes
 from pods.tasks.hub import build_split, field, load_split
@@ -16,7 +17,7 @@ def gsm8k_gold(solution: str) -> str | None:
 def _gold(record: dict, where: str) -> str:
     gold = gsm8k_gold(str(field(record, ("answer",), where)))
     if gold is None:
-        raise ValueError(f"{where}: no '####' final answer in its 'answer' field")
+        raise ConfigError(f"{where}: no '####' final answer in its 'answer' field")
     return gold
 
 

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pods.errors import ConfigError
 from pods.tasks.base import Example
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -38,18 +39,33 @@ def load_files(files, key: str) -> list[dict]:
             raise FileNotFoundError(f"{key}: file not found: {p}")
     kinds = {_FORMATS.get(Path(p).suffix.lower()) for p in paths}
     if None in kinds or len(kinds) != 1:
-        raise ValueError(f"{key}: expected files all of one type among {sorted(_FORMATS)}, got {paths}")
+        raise ConfigError(f"{key}: expected files all of one type among {sorted(_FORMATS)}, got {paths}")
+    empty = [p for p in paths if empty_file(p)]
+    if empty:
+        raise ConfigError(f"{key}: {empty[0]} is empty (no records)")
     import datasets
 
-    ds = datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")
+    try:
+        ds = datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")
+    except Exception as e:  # noqa: BLE001 - malformed json/csv/parquet: the library's reason, in one line
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(f"{key}: cannot read {', '.join(map(str, paths))} ({type(e).__name__}: {reason})") from None
+    if len(ds) == 0:
+        raise ConfigError(f"{key}: {', '.join(map(str, paths))} holds no records")
     return ds.to_list()
 
 
-def _offline_help(name: str, hub_id: str, split: str, reason: str) -> str:
+def empty_file(path) -> bool:
+    """Nothing but white space in its first 4 KiB (an empty jsonl makes ``datasets`` raise a bare StopIteration)."""
+    with open(path, "rb") as f:
+        return not f.read(4096).strip()
+
+
+def _offline_help(name: str, hub_id: str, split: str, reason: str, files_key: str | None = None) -> str:
+    keys = f"{files_key}=/path/{split}.jsonl" if files_key else "dataset.train_files=/path/train.jsonl dataset.test_files=/path/test.jsonl"
     return (
         f"dataset '{name}': cannot load the {split} split of hub dataset '{hub_id}': {reason}. "
-        f"Point the config at local files instead: dataset.train_files=/path/train.jsonl "
-        f"dataset.test_files=/path/test.jsonl (json, jsonl, parquet or csv; a hub copy can be exported "
+        f"Point the config at local files instead: {keys} (json, jsonl, parquet or csv; a hub copy can be exported "
         f"with Dataset.to_json/to_parquet, or the parquet files of a cached hub snapshot can be listed)."
     )
 
@@ -65,24 +81,26 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def load_hub(hub: dict, split: str, name: str) -> list[dict]:
-    """All records of ``hub['split']`` (default: the split name) over ``hub['configs']`` (default: [None])."""
+def load_hub(hub: dict, split: str, name: str, files_key: str | None = None) -> list[dict]:
+    """All records of ``hub['split']`` (default: the split name) over ``hub['configs']`` (default: [None]).
+    ``files_key``: the key that takes local files instead, named when the hub cannot be reached (default: the run's
+    ``dataset.train_files``/``dataset.test_files``; ``pods-eval``: ``suite.benchmarks.<name>.files``)."""
     hub_id, configs = hub["id"], list(hub["configs"] or [None])
     offline = any(os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     import datasets
 
     if offline and not getattr(datasets.config, "HF_HUB_OFFLINE", False):
         # set after `datasets` was imported: it would still try the network (and retry for ~20 s)
-        raise ValueError(_offline_help(name, hub_id, split, "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"))
+        raise ConfigError(_offline_help(name, hub_id, split, "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set", files_key))
     if not offline and not _hub_reachable():
-        raise ValueError(_offline_help(name, hub_id, split, "the hub is unreachable (no network?)"))
+        raise ConfigError(_offline_help(name, hub_id, split, "the hub is unreachable (no network?)", files_key))
     records = []
     for config in configs:
         try:
             ds = datasets.load_dataset(hub_id, config, split=hub["split"], data_dir=hub.get("data_dir"))
         except Exception as e:  # noqa: BLE001 - offline cache misses, network errors, unknown ids
             reason = f"{type(e).__name__}: {e}" + (" (offline mode, not in the local cache)" if offline else "")
-            raise ValueError(_offline_help(name, hub_id, split, reason)) from e
+            raise ConfigError(_offline_help(name, hub_id, split, reason, files_key)) from e
         records += ds.to_list()
     return records
 
@@ -92,7 +110,7 @@ def field(record: dict, names: tuple[str, ...], where: str):
     for n in names:
         if record.get(n) is not None:
             return record[n]
-    raise ValueError(f"{where}: none of the fields {list(names)} in record with keys {sorted(record)}")
+    raise ConfigError(f"{where}: none of the fields {list(names)} in record with keys {sorted(record)}")
 
 
 def build_split(records: list[dict], ds, split: str, question_fields: tuple[str, ...], gold_fn) -> list[Example]:

@@ -8,6 +8,7 @@ solution with braces matched (the authors cut at the first "}", breaking \\boxed
 
 from __future__ import annotations
 
+from pods.errors import ConfigError
 from pods.tasks.base import DATASETS, TaskData
 from pods.tasks.extract import canonical_number, last_boxed
 from pods.tasks.hub import build_split, field, load_split
@@ -21,7 +22,7 @@ def math_gold(record: dict, where: str = "record") -> str:
         return str(answer).strip()
     boxed = last_boxed(str(field(record, ("solution",), where)))
     if boxed is None:
-        raise ValueError(f"{where}: no 'answer' field and no closed \\boxed{{...}} in its solution")
+        raise ConfigError(f"{where}: no 'answer' field and no closed \\boxed{{...}} in its solution")
     return boxed
 
 

@@ -98,7 +98,7 @@ def test_sparse_rl_toy_report_summarises_runs_per_arm_and_seed(tmp_path):
         text=True,
         timeout=120,
     )
-    assert empty.returncode == 1 and "no finished runs" in empty.stderr
+    assert empty.returncode == 2 and "no finished runs" in empty.stderr.strip().splitlines()[-1]
 
 
 def test_gap_table_joins_the_isas_and_fails_when_a_gap_reaches_its_tolerance(tmp_path):

@@ -11,7 +11,7 @@ PODS = Path(__file__).resolve().parents[2] / "pods"
 
 # bottom to top; "pkg.*" = the package and every module below it; an exact name wins over a pattern
 LAYERS: dict[int, tuple[str, list[str]]] = {
-    0: ("ground", ["pods", "pods.errors", "pods.registry", "pods.log", "pods.progress", "pods.signals", "pods.numerics"]),
+    0: ("ground", ["pods", "pods.errors", "pods.registry", "pods.log", "pods.progress", "pods.signals", "pods.numerics", "pods.files"]),
     1: ("schema", ["pods.schema.*"]),
     2: (
         "algorithm + data",
@@ -47,7 +47,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.memory.update",  # the policy update's memory
         ],
     ),
-    5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env"]),
+    5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env", "pods.resume"]),
     6: ("composition + run", ["pods.compose", "pods.loop", "pods.launch", "pods.eval.*"]),
     7: (
         "entry points",
