@@ -106,7 +106,8 @@ train-multi: $(STAMP) ## DeepSpeed over NPROC ranks (CPU default: 2 x cpu_ddp2_z
 
 # ---- paper reproduction: figures from committed experiments + sweeps, on SLURM or here (pods.launch) -----------
 # reproduce-figure-NAME runs the figure's sweeps into $(RUNS)/NAME: on SLURM by default (Hydra submitit job
-# arrays; 8-GPU panels: one slurm/run_8gpu.sbatch job per seed), LAUNCHER=local one run after another here.
+# arrays; 8-GPU panels: one slurm/run_8gpu.sbatch job per seed), LAUNCHER=submitit one plain-submitit SLURM job per run
+# (no hydra-submitit-launcher), LAUNCHER=local one run after another here.
 # Re-running continues unfinished runs (train.resume=auto). figure-NAME draws results/figure-NAME/ from the runs:
 # mean +- 1.96 SE over seeds on a common time grid, the authors' released curves dashed when REFERENCE exists.
 # SEEDS=1,2 runs fewer seeds; ARGS="key=value ..." adds Hydra overrides to every run. See docs/reproduce.md.

@@ -127,8 +127,19 @@ def discard(ckpt_dir: Path, dist=None) -> None:
 
 
 def latest(ckpt_dir: Path) -> Path | None:
+    """The checkpoint the ``latest`` marker names; if that file is gone (deleted by hand, a copy without it), the newest
+    ``step_*.pt`` that exists, said in one warning; None without a marker."""
     marker = ckpt_dir / "latest"
-    return ckpt_dir / marker.read_text().strip() if marker.exists() else None
+    if not marker.exists():
+        return None
+    named = ckpt_dir / marker.read_text().strip()
+    steps = sorted(ckpt_dir.glob("step_*.pt"))
+    if named.is_file() or not steps:
+        return named  # a missing file with nothing to fall back to: read() refuses it in one line
+    from pods.log import get
+
+    get(__name__).warning(f"{marker} names {named.name}, which does not exist; resuming from the newest checkpoint, {steps[-1].name}")
+    return steps[-1]
 
 
 def read(path: Path) -> dict:
@@ -136,7 +147,7 @@ def read(path: Path) -> dict:
     from pods.errors import ConfigError
 
     if not path.exists():
-        raise FileNotFoundError(f"train.resume: checkpoint {path} does not exist")
+        raise ConfigError(f"train.resume: checkpoint {path} does not exist")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickled code, a zip of something else, truncation: all "not ours"

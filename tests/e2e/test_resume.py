@@ -138,6 +138,25 @@ def test_a_metrics_row_cut_short_by_a_kill_is_dropped_and_the_resumed_run_logs_w
     assert untimed(resumed) == untimed(uninterrupted)
 
 
+def test_a_latest_marker_naming_a_deleted_checkpoint_resumes_from_the_newest_that_exists(tiny_dir, tmp_path):
+    """The ``latest`` marker names step 4's checkpoint, which is gone (deleted by hand): resume used to stop with a
+    FileNotFoundError traceback; it now says so in one warning and continues from step 2's, as an uninterrupted run."""
+    straight = tmp_path / "straight"
+    every2 = ["train.max_steps=4", "train.checkpoint_every_steps=2", "eval.every_steps=2"]
+    p = train(straight, *every2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    gone = copy(straight, tmp_path)
+    (gone / "checkpoints" / "step_000004.pt").unlink()
+    assert (gone / "checkpoints" / "latest").read_text().strip() == "step_000004.pt"
+    lines = (straight / "metrics.jsonl").read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "train" and json.loads(line)["step"] == 3)
+    (gone / "metrics.jsonl").write_text("".join(lines[:cut]))  # a run killed after step 2's checkpoint
+    p = train(gone, *every2, "train.resume=auto")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "names step_000004.pt, which does not exist" in out and "step_000002.pt" in out, out[-3000:]
+    assert untimed(read_metrics(gone / "metrics.jsonl")) == untimed(read_metrics(straight / "metrics.jsonl"))
+
+
 @pytest.mark.slow
 def test_running_a_finished_sweep_again_changes_no_file_of_its_runs(tiny_dir, tmp_path):
     """conf/sweep/_base.yaml resumes (train.resume=auto): a re-run sweep used to evaluate every finished run again."""
