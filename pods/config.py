@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "validate"]
 
 def _name(registry: Registry, value, key: str) -> None:
     if value not in registry:
-        raise ConfigError(f"{key}: unknown {registry.kind} '{value}'; valid: {', '.join(registry.names())}")
+        raise ConfigError(f"{key}: {registry.unknown(value)}")
 
 
 def validate(cfg: dict | Root) -> Root:

@@ -36,6 +36,7 @@ from pods.config import validate
 from pods.data import PromptSampler
 from pods.engines import ENGINES, Sampling
 from pods.eval.accuracy import evaluate
+from pods.files import atomic
 from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, provenance, resolve_model_dir
@@ -140,9 +141,8 @@ class Run:
         self.run_dir = Path(self.dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
-            tmp = self.run_dir / "config.json.tmp"  # replaced whole: a kill leaves the old record or the new one
-            tmp.write_text(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
-            tmp.replace(self.run_dir / "config.json")
+            with atomic(self.run_dir / "config.json") as f:  # replaced whole: a kill leaves the old record or the new one
+                f.write(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
         if hw.torch_threads:
             torch.set_num_threads(hw.torch_threads)
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank samples its own rollouts

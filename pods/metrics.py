@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from pods.files import atomic
 from pods.log import get
 
 
@@ -97,9 +98,8 @@ def keep(path: Path, step: int) -> None:
     kept = [line for line, r in zip([w for w in whole if w.strip()], rows) if step and r.get("step", 0) <= step]
     if len(kept) == len(rows) and not partial and len(whole) == len(kept):
         return  # nothing to drop: the file is left as it is
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    with atomic(path) as f:
+        f.write("".join(kept))
 
 
 def append(path: Path, text: str) -> None:

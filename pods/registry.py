@@ -74,10 +74,15 @@ class Registry:
 
     def _known(self, name: str) -> None:
         if name not in self._items:
-            raise ValueError(f"unknown {self.kind} '{name}'; valid: {', '.join(self.names())}")
+            raise ValueError(self.unknown(name))
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def unknown(self, name: object) -> str:
+        """The one message for a name not registered here, with the valid ones (``get`` raises it; config checks prefix it
+        with the key)."""
+        return f"unknown {self.kind} '{name}'; valid: {', '.join(self.names())}"
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

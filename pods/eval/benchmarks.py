@@ -73,7 +73,7 @@ def check_suite(cfg: dict) -> Suite:
     for name, b in suite.benchmarks.items():
         for registry, value in ((LOADERS, b.loader), (GOLDS, b.gold), (GRADERS, suite.grader or b.grader)):
             if value not in registry:
-                raise ConfigError(f"benchmark '{name}': unknown {registry.kind} '{value}'; valid: {', '.join(registry.names())}")
+                raise ConfigError(f"benchmark '{name}': {registry.unknown(value)}")
         plan = plan_for(suite, name)
         bad = [k for k in plan.ks or [] if k > plan.samples]
         if bad:

@@ -38,7 +38,7 @@ def check_options(options: Options) -> None:
     from pods.engines import ENGINES
 
     if options.engine not in ENGINES:
-        raise ConfigError(f"engine: unknown rollout engine '{options.engine}'; valid: {', '.join(ENGINES.names())}")
+        raise ConfigError(f"engine: {ENGINES.unknown(options.engine)}")
     package = PACKAGES.get(options.engine)
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"engine {options.engine}: {package} is not installed (pip install '.[cpu]' or '.[gpu]'), or use engine hf")
