@@ -5,7 +5,7 @@ sweep: each combination) with Hydra's compose API and checks it: the schema (``p
 rules (``pods.config``) and, for a run on this machine, the machine (``pods.preflight``). A bad input exits with
 code 2 and one line naming the key. A resume (``train.resume``) is checked there against each job's run directory
 (``pods.resume``), before Hydra writes into it; a finished single run only says so. The run itself gets the
-validated plain dict in ``pods.loop.train``.
+validated ``Root`` in ``pods.loop.train`` (checked once: ``check`` remembers what it validated).
 """
 
 from __future__ import annotations
