@@ -165,4 +165,19 @@ def init(hw: Hardware) -> Dist:
     return Dist(rank, world, local_rank)
 
 
+def close() -> tuple[int, int, int]:
+    """The end of a run's collectives: (rank, local rank, world) of the run, every rank past a barrier, and the default
+    process group destroyed, so that what runs next in this process (the suite: vLLM) finds none to join (it would
+    join a group whose other ranks have exited, and wait for them until the timeout). Without a group: the launcher's
+    variables, else rank 0 of 1."""
+    env = os.environ
+    where = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    if not torch.distributed.is_initialized():
+        return where
+    where = torch.distributed.get_rank(), where[1], torch.distributed.get_world_size()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return where
+
+
 SINGLE = Dist()  # one process

@@ -48,6 +48,7 @@ class Job:
     nproc: int = 1
     log: Path | None = None
     name: str = ""
+    python: str | None = None  # the job's interpreter; None: ``job_python`` decides (launch() fills it in)
 
 
 def machine_load() -> str:
@@ -103,7 +104,24 @@ def mark(run_dir: Path, state: str, launcher: str, cmd: list[str]) -> None:
 
 # ---- launchers -------------------------------------------------------------------------------------------------
 LAUNCHERS = Registry("launcher")
-TRAIN = [sys.executable, "-m", "pods.train"]
+TRAIN = ["-m", "pods.train"]  # after the job's python
+
+
+def job_python(job: Job, env: dict | None = None) -> str:
+    """The interpreter that runs ``job`` (and, on SLURM, submits it: submitit and hydra-submitit-launcher run a job with
+    the submitting process's python): for a GPU profile (``hardware.device=cuda``) the GPU environment's
+    (``pods.gpu_env.job_python``: ``GPU_PY``, else the active conda env; ``ConfigError`` without either), never the CPU
+    ``.venv`` that may be running this; for a CPU run, this one."""
+    from pods.gpu_env import job_python as python
+
+    return python(_hardware(job)["device"] == "cuda", env)
+
+
+def _hardware(job: Job) -> dict:
+    """The job's composed hardware section (its ``key=value`` overrides; flags such as ``--cfg job`` left to Hydra)."""
+    from pods.compose import compose_plain
+
+    return compose_plain([o for o in job.overrides if "=" in o and not o.startswith("-")])["hardware"]
 
 
 def _started(job: Job, cmd: list[str], launcher: str, tag: str) -> None:
@@ -113,8 +131,18 @@ def _started(job: Job, cmd: list[str], launcher: str, tag: str) -> None:
 
 
 def _local_cmd(job: Job) -> list[str]:
-    ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}", "-m", "pods.train"]
-    return [*(ranks if job.nproc > 1 else TRAIN), *job.overrides, f"hydra.run.dir={job.run_dir}"]
+    python = job.python or sys.executable
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}", *TRAIN]
+    return [python, *(ranks if job.nproc > 1 else TRAIN), *job.overrides, f"hydra.run.dir={job.run_dir}"]
+
+
+def _sbatch_resources(job: Job) -> list[str]:
+    """sbatch flags of a several-GPU run from its profile: its GPUs (``hardware.nproc_per_node``: a 4-GPU recipe asks
+    for 4, and the script starts 4 ranks) and time (``hardware.slurm.timeout_min``), over the script's #SBATCH lines."""
+    hw = _hardware(job)
+    flags = [f"--gpus-per-node={hw['nproc_per_node']}"]
+    minutes = (hw.get("slurm") or {}).get("timeout_min")
+    return flags + ([f"--time={minutes}"] if minutes else [])
 
 
 @LAUNCHERS.register("local")
@@ -163,12 +191,14 @@ def submit_slurm(jobs: list[Job], hydra_launcher: str = "slurm", tag: str = "lau
     for job in jobs:
         if job.nproc > 1:  # the script runs torchrun over the node's GPUs into PODS_RUN_DIR
             exp = next((o.split("=", 1)[1] for o in job.overrides if o.startswith("experiment=")), "run")
-            cmd = ["sbatch", "--parsable", f"--job-name=pods-{exp}", str(ROOT / "slurm" / "run_8gpu.sbatch"), *job.overrides]
+            script = str(ROOT / "slurm" / "run_8gpu.sbatch")
+            cmd = ["sbatch", "--parsable", f"--job-name=pods-{exp}", *_sbatch_resources(job), script, *job.overrides]
             _started(job, cmd, "slurm", tag)
-            subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(job.run_dir)})
+            env = {**os.environ, "PODS_ROOT": str(ROOT), "PODS_RUN_DIR": str(job.run_dir), "PODS_PYTHON": job.python or sys.executable}
+            subprocess.run(cmd, cwd=ROOT, check=True, env=env)
             continue
         place = [f"hydra.sweep.dir={job.run_dir.parent}", f"hydra.sweep.subdir={job.run_dir.name}"]
-        cmd = [*TRAIN, "-m", *job.overrides, *place, f"hydra/launcher={hydra_launcher}"]
+        cmd = [job.python or sys.executable, *TRAIN, "-m", *job.overrides, *place, f"hydra/launcher={hydra_launcher}"]
         _started(job, cmd, "slurm", tag)
         procs.append(subprocess.Popen(cmd, cwd=ROOT))
     return procs
@@ -236,7 +266,8 @@ def submit_submitit(jobs: list[Job], tag: str = "launch", **_) -> list[Submitted
     launcher = "slurm" if cluster == "slurm" else "local"  # a SLURM run belongs to its queue (``reusable``)
     submitted = []
     for job in jobs:
-        executor = submitit.AutoExecutor(folder=job.run_dir.parent / ".submitit" / "%j", cluster=cluster)
+        python = {"slurm_python": job.python} if cluster == "slurm" and job.python else {}  # the job's wrapper: the job's python
+        executor = submitit.AutoExecutor(folder=job.run_dir.parent / ".submitit" / "%j", cluster=cluster, **python)
         executor.update_parameters(**_resources(job))
         cmd = _local_cmd(job)
         _started(job, cmd, launcher, tag)
@@ -245,8 +276,19 @@ def submit_submitit(jobs: list[Job], tag: str = "launch", **_) -> list[Submitted
 
 
 def launch(jobs: list[Job], launcher: str = "local", parallel: int = 1, hydra_launcher: str = "slurm", tag: str = "launch") -> list:
-    """Start ``jobs`` with ``LAUNCHERS[launcher]`` (see the module docstring); returns the processes left to ``wait`` for."""
-    return LAUNCHERS.get(launcher)(jobs, parallel=parallel, hydra_launcher=hydra_launcher, tag=tag)
+    """Start ``jobs`` with ``LAUNCHERS[launcher]`` (see the module docstring); returns the processes left to ``wait`` for.
+    Every job's python is decided first (``job_python``): a GPU job without a GPU python is refused (one line, exit 2)
+    before anything starts."""
+    from pods.errors import ConfigError
+
+    run = LAUNCHERS.get(launcher)
+    try:
+        for job in jobs:
+            job.python = job.python or job_python(job)
+    except ConfigError as e:
+        print(f"pods: config error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    return run(jobs, parallel=parallel, hydra_launcher=hydra_launcher, tag=tag)
 
 
 def wait(procs: list[subprocess.Popen | Submitted], tag: str = "launch") -> None:

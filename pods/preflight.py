@@ -24,12 +24,29 @@ def check_environment(cfg: Root) -> None:
     from pods.gpu_env import card_memory_gb, check_c_compiler
     from pods.memory.estimator import check_fits
 
+    world_size(cfg.hardware)  # before anything else: a launch of the wrong size is refused, whatever else is wrong
     cuda = cfg.hardware.device == "cuda"
     check_fits(cfg, card_memory_gb(cfg.hardware.gpu_memory_gb) if cuda else None)  # the visible card's memory over the profile's
     _device(cfg)
     check_c_compiler(cfg.hardware.device, cfg.rollout.name)  # Triton builds its launcher with a C compiler at engine start
     _files(cfg)
     _hub_datasets(cfg.dataset)
+
+
+def world_size(hw, env: dict | None = None) -> None:
+    """The launcher started ``hardware.nproc_per_node x hardware.nnodes`` processes, else ``ConfigError``: the per-rank
+    keys (prompts per step, micro-batches) would scale the step with the world (a 4-GPU recipe on 8 ranks trains on
+    twice its batch) without a word. No launcher (WORLD_SIZE unset): ``pods.config`` decides. ``hw``: the hardware
+    section; ``hardware.check_world_size=false`` runs with any size."""
+    env = os.environ if env is None else env
+    world, want = env.get("WORLD_SIZE"), hw.nproc_per_node * hw.nnodes
+    if world is None or not hw.check_world_size or int(world) == want:
+        return
+    raise ConfigError(
+        f"launched as WORLD_SIZE={world} processes but hardware={hw.name} is written for hardware.nproc_per_node={hw.nproc_per_node} "
+        f"x hardware.nnodes={hw.nnodes} = {want}: start {want} (torchrun --nproc_per_node {hw.nproc_per_node}, PODS_NPROC={hw.nproc_per_node}), "
+        f"or set hardware.check_world_size=false to train on {world} ranks (each rank's batch keys then scale the step)"
+    )
 
 
 def _device(cfg: Root) -> None:

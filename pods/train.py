@@ -125,9 +125,9 @@ def suite_of(cfg: Root, machine: bool = True):
 
 def prepare_suite(cfg: Root) -> tuple | None:
     """(suite, {benchmark: examples}) for the end of the run, composed and loaded before it trains (a missing file:
-    one line now, not after the run); None without ``eval.suite`` or on a rank that does not evaluate."""
+    one line now, not after the run), on every rank (each evaluates a share); None without ``eval.suite``."""
     bench = suite_of(cfg)
-    if bench is None or not rank0():
+    if bench is None:
         return None
     from pods.eval.run import load_suite, suite_prompt
 
@@ -135,21 +135,37 @@ def prepare_suite(cfg: Root) -> tuple | None:
 
 
 def suite(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
-    """``eval.suite``: the finished run's final weights on the prepared suite (``pods.eval.run.evaluate_suite``, as
-    ``pods-eval``), by the process that owns the run; written to ``<run_dir>/eval/<suite>/``."""
+    """The end of the run on every rank: the process group destroyed (``pods.distributed.close``), then ``eval.suite``:
+    the final weights on the prepared suite (``pods.eval.run.evaluate_suite``, as ``pods-eval``), written to
+    ``<run_dir>/eval/<suite>/``: after several ranks or with vLLM each rank's share in a clean process, merged by
+    rank 0 (``pods.eval.shards``); one process with the HF engine evaluates here, as before."""
+    from pods.distributed import close
+    from pods.eval import shards
+
+    out = Path(run_dir) / "eval" / prepared[0].name if prepared else None
+    if out is not None and rank0():
+        shards.clear(out)  # before the barrier: no rank can read a share left by an earlier attempt
+    where = close()
     if prepared is None or not (Path(run_dir) / "final").is_dir():
         return
-    from pods.eval.run import evaluate_suite
-    from pods.eval.weights import resolve
-
     bench, data = prepared
-    out = Path(run_dir) / "eval" / bench.name
+    options = suite_options(cfg)
     try:
-        evaluate_suite(bench, resolve(run_dir), suite_options(cfg), out, data)
+        if shards.clean_process(where[2], options):
+            summary = shards.evaluate_shared(bench, run_dir, options, data, out, where)
+        else:
+            from pods.eval.run import evaluate_suite
+            from pods.eval.weights import resolve
+
+            summary = evaluate_suite(bench, resolve(run_dir), options, out, data)
     except ConfigError as e:
         fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}"))
-    print((out / "table.md").read_text())
-    print(f"-> {out}", flush=True)
+    except RuntimeError as e:
+        print(f"pods: eval.suite: the suite evaluation of {run_dir} failed: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if summary is not None:  # rank 0
+        print((out / "table.md").read_text())
+        print(f"-> {out}", flush=True)
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")

@@ -56,6 +56,48 @@ pods_python() {
     fi
 }
 
+# pods_profile_nproc OVERRIDES...: the run's hardware.nproc_per_node (the profile its experiment and overrides name), so
+# that a 4-GPU recipe gets 4 ranks on an 8-GPU node; empty when the config cannot be composed here (pods.train then
+# refuses a world of the wrong size in one line: hardware.check_world_size).
+pods_profile_nproc() {
+    "$PODS_PYTHON" -c 'import sys; from pods.compose import compose_plain; print(compose_plain(sys.argv[1:])["hardware"]["nproc_per_node"])' \
+        "$@" 2>/dev/null | tail -n 1 | grep -E '^[0-9]+$'
+}
+
+# pods_nproc OVERRIDES...: ranks per node, in NPROC: PODS_NPROC, else the profile's hardware.nproc_per_node, else the GPUs
+# visible (2 without GPUs). More ranks than GPUs visible: exit 2 with one line.
+pods_nproc() {
+    local fallback=2 profile
+    if [ "$PODS_GPUS" -gt 0 ]; then fallback=$PODS_GPUS; fi
+    profile=$(pods_profile_nproc "$@")
+    NPROC=${PODS_NPROC:-${profile:-$fallback}}
+    echo "[pods] $NPROC rank(s) per node (PODS_NPROC=${PODS_NPROC:-unset}, the profile's hardware.nproc_per_node=${profile:-unknown}, GPUs visible: $PODS_GPUS)"
+    if [ "$PODS_GPUS" -gt 0 ] && [ "$NPROC" -gt "$PODS_GPUS" ]; then
+        echo "[pods] $NPROC ranks per node but $PODS_GPUS GPU(s) visible: ask for them (sbatch --gpus-per-node=$NPROC) or set PODS_NPROC" >&2
+        exit 2
+    fi
+}
+
+# pods_gloo_ifname HOST: the network interface gloo (vLLM's and DeepSpeed's CPU groups) uses on this node: GLOO_SOCKET_IFNAME,
+# else NCCL_SOCKET_IFNAME (a plain list; NCCL's ^exclude and =exact forms are not gloo's), else the interface of this node's
+# route to HOST (the rendezvous host; on HOST itself, the interface holding that address, not lo). Without it gloo takes
+# the address the hostname resolves to, which may be an interface the other nodes cannot reach: a hang at engine start.
+pods_gloo_ifname() {
+    local host=$1 addr dev
+    if [ -n "${GLOO_SOCKET_IFNAME:-}" ]; then echo "$GLOO_SOCKET_IFNAME"; return; fi
+    if [ -n "${NCCL_SOCKET_IFNAME:-}" ] && [ "${NCCL_SOCKET_IFNAME#^}" = "$NCCL_SOCKET_IFNAME" ]; then
+        echo "${NCCL_SOCKET_IFNAME#=}"
+        return
+    fi
+    addr=$(getent ahostsv4 "$host" 2>/dev/null | awk 'NR == 1 {print $1}')
+    addr=${addr:-$host}
+    dev=$(ip route get "$addr" 2>/dev/null | grep -o 'dev [^ ]*' | head -n 1 | cut -d' ' -f2)
+    if [ "$dev" = lo ] && [ "${addr#127.}" = "$addr" ]; then
+        dev=$(ip -o addr show to "$addr" 2>/dev/null | awk 'NR == 1 {print $2}')
+    fi
+    echo "$dev"
+}
+
 # pods_node_addr NODE: the address SLURM reaches NODE at (its NodeAddr; the node's name where scontrol cannot tell).
 pods_node_addr() {
     local addr
@@ -70,6 +112,11 @@ pods_node_torchrun() {
     local python=$1 host=0
     shift
     if [ "${SLURM_NODEID:-0}" = 0 ]; then host=1; fi
+    if [ -n "${PODS_RDZV_HOST:-}" ]; then
+        GLOO_SOCKET_IFNAME=$(pods_gloo_ifname "$PODS_RDZV_HOST")
+        if [ -n "$GLOO_SOCKET_IFNAME" ]; then export GLOO_SOCKET_IFNAME; else unset GLOO_SOCKET_IFNAME; fi
+        echo "[pods] node ${SLURMD_NODENAME:-$(hostname)}: GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-unset (no route to $PODS_RDZV_HOST found)}"
+    fi
     exec "$python" -m torch.distributed.run --local_addr="$(pods_node_addr "${SLURMD_NODENAME:-$(hostname)}")" \
         --rdzv_conf="is_host=$host" "$@"
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,48 @@ def test_plain_submitit_runs_a_job_without_hydra_submitit_launcher(tiny_dir, tmp
     text = log.read_text()
     assert f"[pods] run directory: {run_dir}" in text and "Job completed successfully" in text
     assert HIDDEN in text  # the job's pods.train looked for Hydra plug-ins and found none
+
+
+# ---- the python of a job (issue 32 item 3) ---------------------------------------------------------------------
+GPU_RUN = ["experiment=gsm8k_qwen3b_pods_64_16_l40s", "--cfg", "job"]  # a 1-GPU profile (hardware.device=cuda)
+
+
+def stand_in_python(tmp_path):
+    """An executable that stands for the GPU environment's python: it records its arguments and exits 0 (no GPU here)."""
+    path = tmp_path / "gpu-env" / "bin" / "python"
+    path.parent.mkdir(parents=True)
+    path.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "argv.txt"}\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_a_gpu_job_runs_with_the_gpu_python_and_a_cpu_job_with_this_one(tmp_path, monkeypatch):
+    """make reproduce-figure-* runs pods.figures with the CPU .venv; a GPU profile's job must still start with the GPU
+    environment's python (GPU_PY), the command built here without a GPU."""
+    import sys
+
+    gpu_py = stand_in_python(tmp_path)
+    monkeypatch.setenv("GPU_PY", str(gpu_py))
+    gpu, cpu = launch.Job(GPU_RUN, tmp_path / "gpu"), launch.Job(PRINT, tmp_path / "cpu", log=tmp_path / "cpu.log")
+    assert launch.launch([gpu, cpu], "local", tag="t") == []
+    assert launch.status(gpu.run_dir)["cmd"][:3] == [str(gpu_py), "-m", "pods.train"]
+    assert (tmp_path / "argv.txt").read_text().split()[:3] == ["-m", "pods.train", "experiment=gsm8k_qwen3b_pods_64_16_l40s"]
+    assert launch.status(cpu.run_dir)["cmd"][0] == sys.executable and "max_steps: 3" in cpu.log.read_text()
+
+
+def test_a_gpu_job_without_a_gpu_python_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GPU_PY", raising=False)
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    jobs = [launch.Job(PRINT, tmp_path / "cpu"), launch.Job(GPU_RUN, tmp_path / "gpu")]
+    with pytest.raises(SystemExit) as e:
+        launch.launch(jobs, "local", tag="t")
+    assert e.value.code == 2 and "pods: config error: GPU jobs need the GPU environment's python" in capsys.readouterr().err
+    assert launch.status(tmp_path / "cpu") is None and launch.status(tmp_path / "gpu") is None  # nothing started
+
+
+def test_a_several_gpu_job_asks_sbatch_for_its_profiles_gpus_and_time():
+    """A 4-GPU recipe through the 8-GPU script: 4 GPUs and its 48 h (hardware.slurm.timeout_min), not the script's 8 and 2 h."""
+    job = launch.Job(["experiment=sparse_rl_qwen2_5_3b_rkv"], Path("unused"), nproc=4)
+    assert launch._sbatch_resources(job) == ["--gpus-per-node=4", "--time=2880"]
+    job = launch.Job(["experiment=gsm8k_qwen3b_pods_h100x8"], Path("unused"), nproc=8)
+    assert launch._sbatch_resources(job) == ["--gpus-per-node=8", "--time=120"]

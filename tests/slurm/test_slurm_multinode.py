@@ -48,7 +48,7 @@ def cluster():
         yield c
 
 
-def submit(cluster: LocalCluster, script: str, run_dir, tmp_path, resources: list[str], **env) -> str:
+def submit(cluster: LocalCluster, script: str, run_dir, tmp_path, resources: list[str], args: tuple = (), **env) -> str:
     env = {
         **cluster.env,
         "PODS_ROOT": str(ROOT),
@@ -60,7 +60,7 @@ def submit(cluster: LocalCluster, script: str, run_dir, tmp_path, resources: lis
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions")),
         **env,
     }
-    cmd = ["sbatch", "--parsable", *resources, "--time=15", f"--output={tmp_path}/%j.out", str(ROOT / "slurm" / script), *ARGS]
+    cmd = ["sbatch", "--parsable", *resources, "--time=15", f"--output={tmp_path}/%j.out", str(ROOT / "slurm" / script), *ARGS, *args]
     return cluster.run(cmd, env=env, cwd=tmp_path).stdout.strip().split(";")[0]
 
 
@@ -92,12 +92,15 @@ def assert_same_run(a, b) -> None:
 def test_two_nodes_equal_one_node_of_the_same_world_size_and_a_preempted_run_resumes_to_the_same(cluster, tiny_dir, tmp_path):
     one, two, cut = tmp_path / "one_node", tmp_path / "two_nodes", tmp_path / "two_nodes_preempted"
     job1 = submit(cluster, "run_8gpu.sbatch", one, tmp_path, [*NODE, "--nodes=1"], PODS_NPROC="2")
-    job2 = submit(cluster, "run_multinode.sbatch", two, tmp_path, [*NODE, "--nodes=2"], PODS_NPROC="1")
-    job3 = submit(cluster, "run_multinode.sbatch", cut, tmp_path, [*NODE, "--nodes=2"], PODS_NPROC="1")
+    per_node = ("hardware.nproc_per_node=1",)  # 2 nodes x 1 rank: the world pods.train checks (the script adds hardware.nnodes=2)
+    job2 = submit(cluster, "run_multinode.sbatch", two, tmp_path, [*NODE, "--nodes=2"], per_node, PODS_NPROC="1")
+    job3 = submit(cluster, "run_multinode.sbatch", cut, tmp_path, [*NODE, "--nodes=2"], per_node, PODS_NPROC="1")
 
     log2 = finished(cluster, job2, tmp_path)
     assert "2 node(s) x 1 rank(s) (node[1-2]): c10d rendezvous at 127.0.0.1:" in log2
     assert "[pods] passed to every rank: GLOO_SOCKET_IFNAME=lo" in log2
+    nodes = [ln for ln in log2.splitlines() if ln.startswith("[pods] node ") and ln.endswith(": GLOO_SOCKET_IFNAME=lo")]
+    assert len(nodes) == 2, log2[-4000:]  # each node says which interface its gloo groups use
     setup = read_metrics(two / "metrics.jsonl", "setup")[0]
     assert setup["world_size"] == 2
 
