@@ -116,7 +116,9 @@ RUNS ?= runs/paper
 SEEDS ?=
 REFERENCE ?= $(wildcard ../shared/reference)
 FIGURES := 3-gsm8k-qwen3b-l40s 3-math-qwen3b-l40s 3-gsm8k-llama3b-l40s 3-gsm8k-qwen3b-h100x8 3-gsm8k-qwen7b-a100x8 4-n 4-m 5
-REPRODUCE = $(PY) -m pods.figures reproduce $(1) $(ARGS) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds $(SEEDS))
+# pods.figures runs in the CPU .venv; every GPU job it launches runs with GPU_PY (else the active conda env's python;
+# neither: refused before anything is submitted): pods.launch.job_python, docs/reproduce.md "Which python a launched job runs"
+REPRODUCE = GPU_PY=$(GPU_PY) $(PY) -m pods.figures reproduce $(1) $(ARGS) --launcher $(LAUNCHER) $(if $(SEEDS),--seeds $(SEEDS))
 DRAW = $(PY) -m pods.figures plot $(if $(REFERENCE),--reference $(REFERENCE))
 .PHONY: reproduce-figure-3 reproduce-figure-4 figure-3 figure-4 reproduce-figure-cpu figure-cpu $(addprefix reproduce-figure-,$(FIGURES)) $(addprefix figure-,$(FIGURES))
 

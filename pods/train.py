@@ -80,9 +80,10 @@ def preflight(argv: list[str]) -> str | None:
             job = compose_job(overrides)
             output_dir(job, "hydra.run.dir")
             root = check(job_dict(job))
-            suite_of(root)
-            end = resume.check(root, OmegaConf.select(job, "hydra.run.dir"))
-            return None if end is None else resume.finished_line(OmegaConf.select(job, "hydra.run.dir"), end)
+            bench = suite_of(root)
+            run_dir = OmegaConf.select(job, "hydra.run.dir")
+            end = resume.check(root, run_dir)
+            return None if end is None or suite_missing(bench, run_dir) else resume.finished_line(run_dir, end)
         first = compose_job([o for o in overrides if o not in sweeps])
         output_dir(first, "hydra.sweep.dir")
         params = [f"{k}={v}" for k, v in (OmegaConf.select(first, "hydra.sweeper.params") or {}).items()]
@@ -121,6 +122,13 @@ def suite_of(cfg: Root, machine: bool = True):
     if machine:
         check_options(suite_options(cfg))
     return compose_suite(cfg.eval.suite, cfg.eval.suite_overrides)
+
+
+def suite_missing(bench, run_dir: str) -> bool:
+    """A finished run whose end-of-run suite never finished (a job cut by its time limit during the suite): its
+    ``final/`` is there but not ``eval/<suite>/summary.json``. The same command again runs the suite only."""
+    run = Path(run_dir)
+    return bench is not None and (run / "final").is_dir() and not (run / "eval" / bench.name / "summary.json").exists()
 
 
 def prepare_suite(cfg: Root) -> tuple | None:
@@ -181,7 +189,10 @@ def run(cfg: DictConfig) -> float | None:
         plain = check(to_plain(cfg))
         end = resume.check(plain, run_dir)  # before anything loads: a resume with other settings is refused
         if end is not None:  # a finished run (a re-run sweep's job): it says so, and nothing of it changes
-            if rank0():
+            prepared = prepare_suite(plain)
+            if prepared is not None and suite_missing(prepared[0], run_dir):  # but a suite cut short runs again
+                suite(plain, prepared, run_dir)
+            elif rank0():
                 print(resume.finished_line(run_dir, end), flush=True)
             return end.get("accuracy")
         prepared = prepare_suite(plain)  # before the run: Hydra is initialised here, so it composes with this one

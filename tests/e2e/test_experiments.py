@@ -6,11 +6,14 @@ The paper values below are typed in from ../shared/docs/paper-facts.md, never re
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 
-from support.config import CONF, compose, shrink
+from support.config import CONF, ROOT, compose, shrink
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml") if not p.stem.startswith("_"))
@@ -253,3 +256,106 @@ def test_figures_from_the_authors_released_curves(shared_dir, tmp_path, capsys):
     assert {c["label"] for c in curves} == {"GRPO 16/16", "PODS 64→16"} and {c["runs"] for c in curves} == {10}
     assert "speed-up 2.00x" in capsys.readouterr().out
     assert (tmp_path / "accuracy_vs_time.png").stat().st_size > 10_000 and (tmp_path / "mean_curves.csv").exists()
+
+
+# ---- every experiment through the command line, end-of-run steps included (issue 32 item 0) ---------------------
+# `python -m pods.train experiment=X` (torchrun with 2 gloo ranks for a several-GPU profile) plus, for a GPU experiment,
+# overrides that swap in the tiny model and the CPU sections (a *_cpu experiment runs as committed, shrunk): the experiment's keys in those sections that the CPU ones lack are deleted
+# (`~key`), the others set to the CPU default's value; the algorithm, optimiser schedule and training keys are the
+# experiment's, shrunk to 2 steps. An experiment's eval.suite becomes the toy suite on 4 + 2 problems (the HF engine): its
+# end (final/, the process group destroyed, the suite in clean processes, one per rank, merged) runs as on a GPU.
+# Cost (make test-all): about 15 s a single-process run, 40-60 s a 2-rank one here; 32 files, about 14 min at load 2.
+CPU_GROUPS = {"model": "tiny", "dataset": "toy_arith", "rollout": "hf", "logger": "none"}
+SHRUNK = [
+    "train.max_steps=2",
+    "train.time_budget_s=null",
+    "train.prompts_per_step=1",
+    "train.group_repeats=1",
+    "train.checkpoint_every_s=null",
+    "train.checkpoint_every_steps=null",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "eval.every_steps=null",
+    "sampling.max_tokens=12",
+    "eval.max_tokens=12",
+    "optim.name=adamw",
+]
+TOY_SUITE = [
+    "eval.suite=toy",
+    "eval.suite_engine=hf",
+    'eval.suite_overrides=["suite.samples=2","suite.benchmarks.toy_arith.size=4","suite.benchmarks.toy_long.size=2"]',
+]
+
+
+def value(v) -> str:
+    """``v`` as a Hydra override value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ",".join(value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{value(x)}" for k, x in v.items()) + "}"
+    return "'" + str(v).replace("'", "\\'") + "'"
+
+
+def section_swap(got: dict, want: dict, prefix: str) -> list[str]:
+    """Overrides that turn section ``got`` into ``want``: keys ``want`` lacks deleted, differing leaves set."""
+    out = []
+    for k, v in got.items():
+        key = f"{prefix}.{k}"
+        if k not in want:
+            out.append(f"~{key}")
+        elif isinstance(v, dict) and isinstance(want[k], dict):
+            out += section_swap(v, want[k], key)
+        elif v != want[k]:
+            out.append(f"{key}={value(want[k])}")
+    return out
+
+
+def cpu_swap(exp: str) -> tuple[list[str], int]:
+    """(overrides after ``experiment=exp``, ranks): the tiny model and CPU sections swapped in, shrunk to 2 steps."""
+    cfg = compose([f"experiment={exp}"])
+    ranks = 2 if cfg["hardware"]["nproc_per_node"] > 1 else 1
+    groups = {**CPU_GROUPS, "hardware": "cpu_ddp2_zero3" if ranks > 1 else "cpu"} if cfg["hardware"]["device"] == "cuda" else {}
+    choices = [f"{g}={c}" for g, c in groups.items()]
+    got, want = compose([f"experiment={exp}", *choices]), compose(choices)
+    args = choices + [o for g in groups for o in section_swap(got[g], want[g], g)]
+    if groups and ranks > 1 and cfg["hardware"]["backend"] == "deepspeed":  # the experiment's ZeRO stage on the 2 CPU ranks
+        args.append(f"hardware.deepspeed.stage={cfg['hardware']['deepspeed']['stage']}")
+    return args + SHRUNK + (TOY_SUITE if cfg["eval"]["suite"] else []), ranks
+
+
+def run_command_line(exp: str, run_dir, log) -> dict:
+    """The experiment through ``python -m pods.train`` (torchrun for 2 ranks); its config.json."""
+    from support.harness import free_port, worker_env
+
+    args, ranks = cpu_swap(exp)
+    start = [sys.executable]
+    if ranks > 1:
+        start += ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_port())]
+    cmd = [*start, "-m", "pods.train", f"experiment={exp}", *args, f"hydra.run.dir={run_dir}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=900)
+    log.write_text(" ".join(cmd) + "\n" + p.stdout + "\n--- stderr ---\n" + p.stderr)
+    assert p.returncode == 0, f"{exp}: exit {p.returncode}; log {log}\n{p.stderr[-3000:]}"
+    return json.loads((run_dir / "config.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_runs_through_the_command_line(exp, tiny_dir, tmp_path):
+    from pods.metrics import read_metrics
+
+    run_dir = tmp_path / "run"
+    cfg = run_command_line(exp, run_dir, tmp_path / "run.log")
+    assert cfg["algorithm"] == compose([f"experiment={exp}"])["algorithm"]  # the experiment's algorithm, as committed
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "train")] == [1, 2]
+    if cfg["eval"]["suite"]:  # the end-of-run suite finished, merged from one share per rank
+        summary = json.loads((run_dir / "eval" / "toy" / "summary.json").read_text())
+        assert {b: m["problems"] for b, m in summary["benchmarks"].items()} == {"toy_arith": 4, "toy_long": 2}
+        assert summary.get("shards", 1) == (2 if cfg["hardware"]["nproc_per_node"] > 1 else 1)
+        assert not (run_dir / "eval" / "toy" / "shards").exists()
