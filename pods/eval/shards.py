@@ -157,8 +157,10 @@ def merge(suite: Suite, parts: list[Path], out: Path) -> dict:
 
 
 def clear(out: Path) -> None:
-    """Shares left by an earlier, interrupted attempt removed (rank 0, while the ranks can still wait for it)."""
+    """Shares (and a failure line) left by an earlier, interrupted attempt removed (rank 0, while the ranks can still
+    wait for it)."""
     shutil.rmtree(out / "shards", ignore_errors=True)
+    (out / FAILED).unlink(missing_ok=True)
 
 
 def evaluate_shared(suite: Suite, run_dir: str, options: Options, data: dict, out: Path, where: tuple[int, int, int]) -> dict | None:

@@ -264,7 +264,11 @@ def test_figures_from_the_authors_released_curves(shared_dir, tmp_path, capsys):
 # (`~key`), the others set to the CPU default's value; the algorithm, optimiser schedule and training keys are the
 # experiment's, shrunk to 2 steps. An experiment's eval.suite becomes the toy suite on 4 + 2 problems (the HF engine): its
 # end (final/, the process group destroyed, the suite in clean processes, one per rank, merged) runs as on a GPU.
-# Cost (make test-all): about 15 s a single-process run, 40-60 s a 2-rank one here; 32 files, about 14 min at load 2.
+# Tiers and cost: the 17 GPU files in make test-all (6 single-process runs, 11 on 2 ranks), one of them in make test.
+# Measured at load 10-15 on 2 cores: 50 s a single-process run, 120 s a 2-rank one (ZeRO-2, suite included); at load
+# 1-2 about a third of that: ~9 min in all. The 15 *_cpu files run as committed, in-process, in make test
+# (tests/e2e/test_loop_on_cpu.py::test_every_experiment_runs_two_tiny_steps); through this command line they would add
+# ~4 min to make test-all, past its 40 min.
 CPU_GROUPS = {"model": "tiny", "dataset": "toy_arith", "rollout": "hf", "logger": "none"}
 SHRUNK = [
     "train.max_steps=2",
@@ -273,6 +277,7 @@ SHRUNK = [
     "train.group_repeats=1",
     "train.checkpoint_every_s=null",
     "train.checkpoint_every_steps=null",
+    "eval.at_start=false",
     "eval.max_examples=8",
     "eval.repeats=1",
     "eval.every_s=null",
@@ -345,8 +350,11 @@ def run_command_line(exp: str, run_dir, log) -> dict:
     return json.loads((run_dir / "config.json").read_text())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("exp", EXPERIMENTS)
+FAST_CLI = "gsm8k_qwen3b_pods_64_16_l40s"  # make test runs this one; make test-all every GPU file (the *_cpu files: below)
+GPU_FILES = [e for e in EXPERIMENTS if not e.endswith("_cpu")]
+
+
+@pytest.mark.parametrize("exp", [e if e == FAST_CLI else pytest.param(e, marks=pytest.mark.slow) for e in GPU_FILES])
 def test_every_experiment_runs_through_the_command_line(exp, tiny_dir, tmp_path):
     from pods.metrics import read_metrics
 
