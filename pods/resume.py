@@ -46,7 +46,7 @@ MAY_CHANGE = (
     "hardware.dist_timeout_s",
     "hardware.gpu_memory_gb",
     "hardware.nproc_per_node",  # what a launcher should start; the world size that trained is compared instead
-    "hardware.nnodes",  # as nproc_per_node (H32a)
+    "hardware.nnodes",  # as nproc_per_node
     "hardware.check_world_size",
     "hardware.slurm",
     "model.cache_dir",

@@ -1,4 +1,4 @@
-"""The end-of-run suite (``eval.suite``) in clean processes, shared over the run's ranks (issue 32, items 1 and 2).
+"""The end-of-run suite (``eval.suite``) in clean processes, shared over the run's ranks.
 
 A training process is no place for a suite after several ranks trained: it holds the default process group (vLLM
 would see it and join it with ``external_launcher``, over ranks that have exited: a hang until the gloo timeout), the

@@ -259,7 +259,7 @@ class Hardware(Section):
     dist_backend: Literal["gloo", "nccl"] | None = None  # the process group every rank joins (pods.distributed)
     dist_timeout_s: PosF = 1800.0  # longest wait in a collective before the run fails (a hung rank; covers a ZeRO-3 save)
     nproc_per_node: Pos = 1  # processes the launcher should start (torchrun --nproc_per_node decides)
-    # H32a (issue 32 item 5): the world the profile is written for; a launch of another size is refused (pods.preflight)
+    # the world the profile is written for: a launch of another size is refused (pods.preflight.world_size)
     nnodes: Pos = 1  # nodes of a multi-node run (slurm/run_multinode.sbatch sets it): WORLD_SIZE must be nproc_per_node x nnodes
     check_world_size: bool = True  # false: run with whatever WORLD_SIZE the launcher gave (per-rank batch keys then scale the step)
     finetune: Literal["full", "lora"] = "full"
