@@ -265,8 +265,9 @@ def test_figures_from_the_authors_released_curves(shared_dir, tmp_path, capsys):
 # experiment's, shrunk to 2 steps. An experiment's eval.suite becomes the toy suite on 4 + 2 problems (the HF engine): its
 # end (final/, the process group destroyed, the suite in clean processes, one per rank, merged) runs as on a GPU.
 # Tiers and cost: the 17 GPU files in make test-all (6 single-process runs, 11 on 2 ranks), one of them in make test.
-# Measured at load 10-15 on 2 cores: 50 s a single-process run, 120 s a 2-rank one (ZeRO-2, suite included); at load
-# 1-2 about a third of that: ~9 min in all. The 15 *_cpu files run as committed, in-process, in make test
+# Measured (all 17, 2026-11-28, load 14-16 on 2 shared cores): 35 min wall, 11.5 CPU-minutes (about 25 s a
+# single-process run, 50 s a 2-rank one, suite included): at load 1-2 about 8 min of make test-all (estimated from the
+# CPU time, not measured idle). The 15 *_cpu files run as committed, in-process, in make test
 # (tests/e2e/test_loop_on_cpu.py::test_every_experiment_runs_two_tiny_steps); through this command line they would add
 # ~4 min to make test-all, past its 40 min.
 CPU_GROUPS = {"model": "tiny", "dataset": "toy_arith", "rollout": "hf", "logger": "none"}
