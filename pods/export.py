@@ -70,16 +70,12 @@ def check_target(run: str, checkpoint: str | None):
 def weights_step(target) -> int | None:
     """The training step of the weights: a checkpoint's from its name (step_N.pt), ``final/``'s from the run's last
     training row in metrics.jsonl (None without one)."""
+    from pods.eval.weights import last_step
+
     if target.kind == "checkpoint":
         found = re.search(r"step_(\d+)", target.weights.name)
         return int(found.group(1)) if found else None
-    metrics = target.run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return None
-    from pods.metrics import read_metrics
-
-    steps = [r.get("step") for r in read_metrics(metrics, "train") if r.get("step") is not None]
-    return max(steps) if steps else None
+    return last_step(target.run_dir)
 
 
 def provenance(target, dtype: str, tensors: list[str]) -> dict:

@@ -48,6 +48,7 @@ class Job:
     nproc: int = 1
     log: Path | None = None
     name: str = ""
+    cmd: list[str] | None = None  # a command other than pods.train (pods-eval --each-checkpoint's jobs); overrides unused
 
 
 def machine_load() -> str:
@@ -113,6 +114,8 @@ def _started(job: Job, cmd: list[str], launcher: str, tag: str) -> None:
 
 
 def _local_cmd(job: Job) -> list[str]:
+    if job.cmd:
+        return job.cmd
     ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}", "-m", "pods.train"]
     return [*(ranks if job.nproc > 1 else TRAIN), *job.overrides, f"hydra.run.dir={job.run_dir}"]
 

@@ -189,6 +189,17 @@ def load(t: Target, device: str = "cpu", dtype: str = "float32", quantized: bool
     return (model if quantized else model.to(torch.device(device))).eval(), t.base
 
 
+def last_step(run_dir: Path) -> int | None:
+    """The run's last training step (its metrics.jsonl's newest ``train`` row): the step of its ``final/``."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    from pods.metrics import read_metrics
+
+    steps = [r["step"] for r in read_metrics(metrics, "train") if isinstance(r.get("step"), int)]
+    return max(steps) if steps else None
+
+
 def quantization(t: Target) -> str | None:
     """The run's ``model.quantization`` (``4bit``: its LoRA adapter trained over an NF4 base); None elsewhere."""
     return ((t.run_cfg or {}).get("model") or {}).get("quantization")
