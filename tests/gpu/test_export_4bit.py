@@ -17,7 +17,13 @@ from support.runs import python, train_run
 
 pytestmark = pytest.mark.gpu
 
-QLORA = ["hardware.device=cuda", "hardware.dtype=bfloat16", "model.quantization=4bit", "train.max_steps=2", "train.checkpoint_every_steps=null"]
+QLORA = [
+    "hardware.device=cuda",
+    "hardware.dtype=bfloat16",
+    "model.quantization=4bit",
+    "train.max_steps=2",
+    "train.checkpoint_every_steps=null",
+]
 
 
 def test_a_4bit_lora_run_exports_dequantised_and_merged(tiny_dir, tmp_path):
