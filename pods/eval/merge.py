@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def plain_state(model) -> dict:
+def plain_state(model, dtype=None) -> dict:
     """HF name -> tensor of ``model`` (a transformers model, a peft model, or one on a 4-bit base) with every LoRA
-    adapter merged and every packed weight dequantised; merged and dequantised tensors in float32."""
+    adapter merged and every packed weight dequantised, on the CPU; merged tensors summed in float32, then each rounded
+    to ``dtype`` (a torch dtype; None: float32 for merged tensors) as soon as it is made (one model's worth at a time)."""
     from pods.backends.local import exported_weight
     from pods.models import unwrap
 
@@ -29,7 +30,8 @@ def plain_state(model) -> dict:
     out = {}
     for name, p in base.named_parameters(remove_duplicate=False):
         if "lora_" not in name:
-            out[name.replace(".base_layer", "")] = exported_weight(modules, name, p).detach().cpu()
+            w = exported_weight(modules, name, p).detach()
+            out[name.replace(".base_layer", "")] = (w if dtype is None else w.to(dtype)).cpu().contiguous()
     return out
 
 
@@ -53,7 +55,7 @@ def write_plain(model, out: Path, dtype: str, tokenizer=None) -> list[str]:
     from pods.models import DTYPES, unwrap
 
     config = plain_config(model, dtype)
-    state = {k: v.to(DTYPES[dtype]).contiguous() for k, v in plain_state(model).items()}
+    state = plain_state(model, DTYPES[dtype])
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # the input embedding is the head: saved once, tied again on load
     out.mkdir(parents=True, exist_ok=True)
