@@ -102,3 +102,15 @@ def test_one_job_per_checkpoint_through_the_submitit_launcher(run, tmp_path):
         assert json.loads((d / "launch.json").read_text())["status"] == "finished"
     assert len(list((root / "checkpoints" / ".submitit").glob("[0-9]*"))) == 3  # one job each (by its id)
     assert len(list(csv.DictReader((root / "curve.csv").open()))) == 6
+
+
+def test_a_corrupt_checkpoint_is_one_line_the_others_are_evaluated_and_exit_1(run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "checkpoints" / "step_000002.pt").write_bytes(b"not a checkpoint")
+    p = python(["-m", "pods.eval", "--each-checkpoint", str(copy), *SUITE])
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "pods-eval: step_000002: --checkpoint:" in p.stderr and "not evaluated: step_000002" in p.stderr
+    root = copy / "eval" / "toy"
+    assert list(summaries(root)) == ["step_000001", "step_000003"]
+    assert [r["checkpoint"] for r in csv.DictReader((root / "curve.csv").open())] == ["step_000001"] * 2 + ["step_000003"] * 2
