@@ -49,6 +49,7 @@ class Job:
     log: Path | None = None
     name: str = ""
     python: str | None = None  # the job's interpreter; None: ``job_python`` decides (launch() fills it in)
+    cmd: list[str] | None = None  # a command other than pods.train (pods-eval --each-checkpoint's jobs); overrides unused
 
 
 def machine_load() -> str:
@@ -131,6 +132,8 @@ def _started(job: Job, cmd: list[str], launcher: str, tag: str) -> None:
 
 
 def _local_cmd(job: Job) -> list[str]:
+    if job.cmd:
+        return job.cmd
     python = job.python or sys.executable
     ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.nproc}", *TRAIN]
     return [python, *(ranks if job.nproc > 1 else TRAIN), *job.overrides, f"hydra.run.dir={job.run_dir}"]

@@ -13,6 +13,10 @@ a corrupt checkpoint, a hub id offline, an ``--out`` that is a file or cannot be
 before any model loads and before anything is written. This module only parses the command line into typed arguments (a
 ``Suite``, a ``Target``, ``Options``) for ``pods.eval.run.evaluate_suite``, which a training run's ``eval.suite`` calls
 too; ``--engine`` is a name in ``pods.engines.ENGINES``.
+
+``--each-checkpoint RUN`` evaluates every checkpoint of a run (and its final/), one summary each under
+``OUT/eval/<suite>/checkpoints/<point>/`` and a curve over them (curve.csv, curve.png), here (``--launcher local``)
+or as one SLURM job each (``--launcher submitit``); with ``--checkpoint POINT`` only that one (``pods.eval.each``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from pathlib import Path
 from pods.errors import ConfigError
 from pods.numerics import pin
 
-USAGE = "pods-eval MODEL [suite.KEY=VALUE ...] [--suite NAME] [--checkpoint FILE|latest] [--engine NAME] [--out DIR] [...]"
+USAGE = (
+    "pods-eval MODEL [suite.KEY=VALUE ...] [--suite NAME] [--checkpoint FILE|latest] [--engine NAME] [--out DIR] [...]\n"
+    "       pods-eval --each-checkpoint RUN [suite.KEY=VALUE ...] [--launcher local|submitit] [...]"
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-batch", type=int, default=64, help="sequences per generate call (hf, sparse_hf)")
+    p.add_argument("--each-checkpoint", action="store_true", help="MODEL is a run: every checkpoint, one summary each, a curve")
+    p.add_argument("--launcher", default="local", choices=["local", "submitit"], help="--each-checkpoint: here, or one SLURM job each")
     args = p.parse_intermixed_args(argv)  # a required positional before an optional nargs="*" one would name both missing
     if args.model is None:
         p.error("the following argument is required: MODEL")
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         check_options(options)
         if args.out is not None:
             writable(args.out, "--out", directory=True)
+        if args.each_checkpoint:
+            return each(args, suite, options)
         target = resolve(args.model, args.checkpoint)
         out = writable((args.out or target.run_dir or Path(".")) / "eval" / suite.name, "--out", directory=True)
         data = load_suite(suite, suite_prompt(suite, target.run_cfg))
@@ -71,6 +82,32 @@ def main(argv: list[str] | None = None) -> int:
     print((out / "table.md").read_text())
     print(f"-> {out}")
     return 0
+
+
+def each(args: argparse.Namespace, suite, options) -> int:
+    """``--each-checkpoint`` (``pods.eval.each``): 0 when every point was evaluated, 1 when one failed (said above)."""
+    from pods.eval.each import evaluate_each, select, submit_each, write_curve
+    from pods.eval.run import load_suite, suite_prompt
+    from pods.eval.weights import run_config
+    from pods.files import writable
+
+    run = Path(args.model)
+    chosen = select(run, args.checkpoint)
+    root = writable((args.out or run) / "eval" / suite.name, "--out", directory=True)
+    if args.launcher == "local":
+        data = load_suite(suite, suite_prompt(suite, run_config(run)))
+        failed = evaluate_each(run, suite, options, root, chosen, data)
+    else:
+        job = [*args.overrides, "--suite", args.suite, "--engine", args.engine, "--device", args.device, "--dtype", args.dtype]
+        job += ["--max-batch", str(args.max_batch), "--out", str(args.out or run)]
+        failed = submit_each(run, root, chosen, job, args.launcher)
+    curve = None if args.checkpoint else write_curve(root, chosen)  # one point (a job): the submitter writes the curve
+    if curve:
+        print(curve.read_text())
+        print(f"-> {curve}, {curve.with_suffix('.png')}")
+    if failed:
+        print(f"pods-eval: not evaluated: {', '.join(failed)} (the same command again evaluates only those)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ samples.jsonl and config.json."""
 from __future__ import annotations
 
 import json
-import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
@@ -60,11 +60,14 @@ def load_suite(suite: Suite, prompt: str) -> dict[str, list]:
     return data
 
 
-def build_engine(target: Target, options: Options):
+def build_engine(target: Target, options: Options, stack: ExitStack, near: Path):
     """(engine, tokenizer) from ``pods.engines.ENGINES``: an engine that samples with a module gets the loaded weights;
-    one that loads its own copy (vLLM) gets a directory holding them (a run's weights, a LoRA merged in, written out)."""
+    one that loads its own copy (vLLM) gets a directory holding them: a plain model directory as it is, else the
+    weights written plain (a LoRA merged in) into a temporary directory beside ``near`` that ``stack`` deletes
+    (``pods.eval.merge.engine_dir``)."""
     from pods.engines import ENGINES
     from pods.engines.base import PolicyEngine
+    from pods.eval.merge import engine_dir
     from pods.eval.weights import load
     from pods.models import load_tokenizer
 
@@ -74,14 +77,7 @@ def build_engine(target: Target, options: Options):
     if issubclass(cls, PolicyEngine):
         model, base = load(target, options.device, options.dtype)
         return cls(base, tok, section, policy=model), tok
-    model_dir = target.base
-    if target.kind != "model":
-        model, _ = load(target, "cpu", options.dtype)
-        model = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        model_dir = tempfile.mkdtemp(prefix="pods-eval-")
-        model.save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
-    return cls(model_dir, tok, section), tok
+    return cls(stack.enter_context(engine_dir(target, options.dtype, tok, near)), tok, section), tok
 
 
 def answer_key(extracted: str | None) -> str | None:
@@ -151,13 +147,14 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
     check_options(options)
     prompt = suite_prompt(suite, target.run_cfg)
     data = load_suite(suite, prompt) if data is None else data
-    engine, tok = build_engine(target, options)
-    out.mkdir(parents=True, exist_ok=True)  # after the model loaded: a failure leaves no empty directory behind
-    per = {}
-    with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
-        for name, examples in data.items():
-            print(f"[pods-eval] {name}: {len(examples)} problems", flush=True)
-            per[name] = run_benchmark(engine, tok, suite, name, examples, f)
+    with ExitStack() as stack:  # a temporary weights directory (vLLM) is deleted when the evaluation ends, or fails
+        engine, tok = build_engine(target, options, stack, out)
+        out.mkdir(parents=True, exist_ok=True)  # after the model loaded: a failure leaves no empty directory behind
+        per = {}
+        with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
+            for name, examples in data.items():
+                print(f"[pods-eval] {name}: {len(examples)} problems", flush=True)
+                per[name] = run_benchmark(engine, tok, suite, name, examples, f)
     macro = macro_average(per)
     (out / "table.md").write_text(table(per, macro))
     model, weights = str(target.run_dir or target.base), str(target.weights or target.base)

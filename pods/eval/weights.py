@@ -165,8 +165,10 @@ def checkpoint_model_state(file: Path) -> dict:
     return backend["model"]
 
 
-def load(t: Target, device: str = "cpu", dtype: str = "float32"):
-    """(model in eval mode, its directory for the tokenizer)."""
+def load(t: Target, device: str = "cpu", dtype: str = "float32", quantized: bool = False):
+    """(model in eval mode, its directory for the tokenizer). ``quantized``: a run trained on a 4-bit base
+    (``model.quantization``) gets that base as it trained, NF4 through bitsandbytes on ``device`` (CUDA), under its
+    adapter (``pods-export`` dequantises it); else the base loads in ``dtype``, as ``pods-eval`` evaluates it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -174,6 +176,8 @@ def load(t: Target, device: str = "cpu", dtype: str = "float32"):
 
     if t.kind == "final" and t.lora is None:
         model = AutoModelForCausalLM.from_pretrained(str(t.weights), dtype=DTYPES[dtype])
+    elif quantized:
+        model = quantized_base(t, device, dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(t.base, dtype=DTYPES[dtype])
     if t.kind == "final" and t.lora is not None:
@@ -182,7 +186,32 @@ def load(t: Target, device: str = "cpu", dtype: str = "float32"):
         model = PeftModel.from_pretrained(model, str(t.weights))
     elif t.kind == "checkpoint":
         model = _from_checkpoint(model, t)
-    return model.to(torch.device(device)).eval(), t.base
+    return (model if quantized else model.to(torch.device(device))).eval(), t.base
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The run's last training step (its metrics.jsonl's newest ``train`` row): the step of its ``final/``."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    from pods.metrics import read_metrics
+
+    steps = [r["step"] for r in read_metrics(metrics, "train") if isinstance(r.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def quantization(t: Target) -> str | None:
+    """The run's ``model.quantization`` (``4bit``: its LoRA adapter trained over an NF4 base); None elsewhere."""
+    return ((t.run_cfg or {}).get("model") or {}).get("quantization")
+
+
+def quantized_base(t: Target, device: str, dtype: str):
+    """The run's base as its training loaded it (``pods.models.load_policy``, the run's 4-bit settings), on ``device``."""
+    from pods.models import load_policy
+    from pods.schema import Hardware
+
+    hw = Hardware.of({**t.run_cfg["hardware"], "device": device, "dtype": dtype, "gradient_checkpointing": False})
+    return load_policy(t.base, hw, quantization=quantization(t))
 
 
 def _from_checkpoint(model, t: Target):

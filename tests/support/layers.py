@@ -55,6 +55,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.train",
             "pods.eval.__main__",
             "pods.eval.cli",
+            "pods.export",  # pods-export: a run as a plain model directory
             "pods.memory.report",
             "pods.memory.__main__",
             "pods.figures",

@@ -1,0 +1,40 @@
+"""Real tiny training runs for the tests that read a run directory (``pods-export``, ``pods-eval --each-checkpoint``):
+trained through the command a user types, ``python -m pods.train``, about 30 s each on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from support.config import ROOT
+
+# three steps, a checkpoint after each, the full state kept at the end and final/ written too (train.save_final)
+THREE_CHECKPOINTS = [
+    "algorithm.n=8",
+    "algorithm.m=4",
+    "train.max_steps=3",
+    "train.time_budget_s=null",
+    "train.prompts_per_step=1",
+    "train.checkpoint_every_steps=1",
+    "train.checkpoint_at_end=full",
+    "train.save_final=true",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "eval.at_start=false",
+]
+
+
+def python(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository with one thread, output captured."""
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=full, timeout=timeout)
+
+
+def train_run(run_dir: Path, finetune: str = "lora", extra: list[str] | None = None) -> Path:
+    """A tiny run with checkpoints step_000001..3.pt and final/ (``THREE_CHECKPOINTS``), ``finetune`` full or lora."""
+    p = python(["-m", "pods.train", *THREE_CHECKPOINTS, f"hardware.finetune={finetune}", *(extra or []), f"hydra.run.dir={run_dir}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return run_dir
