@@ -102,12 +102,16 @@ def evaluate_each(run: Path, suite, options, root: Path, chosen: list[Point], da
 def submit_each(run: Path, root: Path, chosen: list[Point], job_args: list[str], launcher: str) -> list[str]:
     """One job per point through ``pods.launch`` (``launcher``: ``submitit``), each running ``python -m pods.eval RUN
     --each-checkpoint --checkpoint POINT JOB_ARGS``; waits for all; the points whose job failed."""
+    from pods.eval.weights import run_config
+    from pods.gpu_env import job_python
     from pods.launch import Job, launch
 
+    hardware = (run_config(run) or {}).get("hardware") or {}
+    python = job_python(hardware.get("device") == "cuda")  # a GPU run's checkpoints: the GPU python evaluates them
     jobs = []
     for p in chosen:
-        cmd = [sys.executable, "-m", "pods.eval", str(run), "--each-checkpoint", "--checkpoint", p.name, *job_args]
-        jobs.append(Job([], root / "checkpoints" / p.name, name=f"eval-{p.name}", cmd=cmd))
+        cmd = [python, "-m", "pods.eval", str(run), "--each-checkpoint", "--checkpoint", p.name, *job_args]
+        jobs.append(Job([], root / "checkpoints" / p.name, name=f"eval-{p.name}", cmd=cmd, python=python))
     submitted = launch(jobs, launcher, tag="pods-eval")
     return [p.name for p, s in zip(chosen, submitted) if s.wait() != 0]
 
