@@ -101,8 +101,7 @@ def _llm_kwargs(model_dir: str, ro: VllmRollout, on_cpu: bool) -> dict:
                 "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process"
             )
         kw["distributed_executor_backend"] = "external_launcher"
-    if ro.multiprocessing:
-        kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
+    kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"  # the RPC sync and the post-push check
     return {**kw, **ro.extra_args}
 
 
