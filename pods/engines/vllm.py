@@ -41,7 +41,7 @@ import torch
 
 from pods.engines.base import Engine, Rollouts, Sampling
 from pods.engines.vllm_start import budget, build_llm, context_length, stop_token_ids
-from pods.engines.vllm_sync import checked_layers, mismatch, tallied
+from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
 from pods.errors import need
 from pods.progress import bar
 from pods.schema import Root, VllmRollout
@@ -217,8 +217,8 @@ class VLLMEngine(Engine):
 
     def _verify(self, pushed: dict) -> None:
         """The exact post-push check: every worker's tally of the checked layers equals the pushed one."""
-        for held in self.llm.collective_rpc("pods_checksums", args=(self.checked,)):
-            wrong = mismatch(pushed, held)
+        for rows in self.llm.collective_rpc("pods_checksums", args=(self.checked,)):
+            wrong = mismatch(pushed, held(rows))
             if wrong:
                 raise RuntimeError(
                     f"weight sync check failed, {wrong}: the engine did not take the push (rollout.sync_check; vLLM logs the layers it kept)"

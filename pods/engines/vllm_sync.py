@@ -98,12 +98,18 @@ class WeightSyncExtension:
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(load(blob).items()))
 
-    def pods_checksums(self, layers: list[int]) -> dict[int, torch.Tensor]:
-        """The tally of every parameter the engine holds in each of ``layers`` (see the module docstring)."""
+    def pods_checksums(self, layers: list[int]) -> list[list[float]]:
+        """[layer, sum, sum |x|, sum x^2] of every parameter the engine holds in each of ``layers`` (plain floats:
+        they cross vLLM's RPC as they are; ``held`` turns them back into tallies)."""
         sums: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for name, module in self.model_runner.get_model().named_modules():
                 i = layer_of(name + ".")
                 if i in layers:
                     sums[i] = sums.get(i, torch.zeros(3, dtype=torch.float64)) + module_tally(module)
-        return sums
+        return [[i, *t.tolist()] for i, t in sorted(sums.items())]
+
+
+def held(rows: list[list[float]]) -> dict[int, torch.Tensor]:
+    """``pods_checksums``' rows as {layer: tally}."""
+    return {int(r[0]): torch.tensor(r[1:], dtype=torch.float64) for r in rows}

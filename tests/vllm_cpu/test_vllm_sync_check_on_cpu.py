@@ -40,6 +40,7 @@ def nudged(tiny_dir, scale: float, only: str = ""):
 
 def test_engine_tally_equals_the_pushed_one_after_a_real_push(engine, tiny_dir):
     """The check runs inside every load_weights; here its two sides are also compared by hand, layer by layer."""
+    from pods.engines.vllm_sync import held as tallies
     from pods.engines.vllm_sync import mismatch, tallied
 
     assert engine.checked == [0, 1]  # the tiny model's first and last decoder layers
@@ -47,7 +48,7 @@ def test_engine_tally_equals_the_pushed_one_after_a_real_push(engine, tiny_dir):
     pushed: dict = {}
     for _ in tallied(nudged(tiny_dir, 1e-6), engine.checked, pushed):
         pass
-    held = engine.llm.collective_rpc("pods_checksums", args=(engine.checked,))[0]
+    held = tallies(engine.llm.collective_rpc("pods_checksums", args=(engine.checked,))[0])
     assert sorted(held) == [0, 1] and mismatch(pushed, held) == ""
     assert float(held[0][2]) > 0 and float((held[0] - pushed[0]).abs().max()) <= 1e-12 * float(pushed[0][1])
 
