@@ -4,7 +4,8 @@
     python scripts/gpu_smoke_checks.py lora_merge       4-bit LoRA: pods' exported merge against peft's own merge
     python scripts/gpu_smoke_checks.py steps RUN N      RUN's metrics.jsonl has N training rows (and its suite's files)
 
-Each prints one line that says what it measured and exits 1 when the check fails.
+Each prints one line that says what it measured and exits 1 when the check fails; 2 (one line) on bad input or
+without CUDA.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("n", type=int)
     a = p.parse_args(argv)
     if not torch.cuda.is_available() and a.check != "steps":
-        raise SystemExit(f"{a.check}: needs a CUDA device (torch {torch.__version__} sees none)")
+        p.error(f"{a.check} needs a CUDA device (torch {torch.__version__} sees none)")
+    if a.check == "steps" and not (Path(a.run) / "metrics.jsonl").is_file():
+        p.error(f"{a.run}: no metrics.jsonl (the run did not start, or this is not a run directory)")
     print({"triton": triton_check, "lora_merge": lora_merge_check}.get(a.check, lambda: steps_check(a.run, a.n))())
 
 

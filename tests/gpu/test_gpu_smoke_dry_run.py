@@ -62,5 +62,12 @@ def test_the_checks_refuse_in_one_line_without_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the refusal is for machines without one")
-    done = subprocess.run([sys.executable, "scripts/gpu_smoke_checks.py", "triton"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 1 and done.stderr.strip() == f"triton: needs a CUDA device (torch {torch.__version__} sees none)"
+    checks = [sys.executable, "scripts/gpu_smoke_checks.py"]
+    done = subprocess.run([*checks, "triton"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        f"gpu_smoke_checks.py: error: triton needs a CUDA device (torch {torch.__version__} sees none)"
+    )
+    done = subprocess.run([*checks, "steps", "/nonexistent/run", "2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        "/nonexistent/run: no metrics.jsonl (the run did not start, or this is not a run directory)"
+    )
