@@ -76,3 +76,10 @@ def test_a_partial_push_stops_the_run(engine, tiny_dir):
     finally:
         del engine._push
     engine.load_weights(nudged(tiny_dir, 0.0))  # and a whole push afterwards passes again
+
+
+def test_a_refused_prefix_cache_reset_stops_the_run(engine, tiny_dir, monkeypatch):
+    """vLLM answers False when blocks are still in use: cached prompts would keep the old weights' KV."""
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda *a, **k: False)
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        engine.load_weights(nudged(tiny_dir, 0.0))
