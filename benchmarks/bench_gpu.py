@@ -232,7 +232,8 @@ def phase_generation(a, out: dict) -> None:
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, len(tok), (max(s["batches"]), P), generator=g).tolist()
     engine = gen_engine(a, info["dir"], tok, s["batches"], L)
-    name = "vllm (enforce_eager)" if hasattr(engine, "llm") else "hf generate"
+    eager = hasattr(engine, "llm") and engine.llm.llm_engine.vllm_config.model_config.enforce_eager
+    name = ("vllm (eager)" if eager else "vllm (CUDA graphs)") if hasattr(engine, "llm") else "hf generate"
     generate_fixed(engine, prompts[: s["batches"][0]], L)  # warm-up: first-call kernels and allocations
     rows = out["rows"] = []
     for b in s["batches"]:

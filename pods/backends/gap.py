@@ -9,9 +9,11 @@ a sync that failed, or was skipped, shows here as a gap of the size of a step's 
 What the gap measures depends on the run (``GapCheck.of``):
 - ``sync``: the sampler's log-probs are the trainer's distribution up to numerics: logged, and a warning when above
   ``train.sampler_gap_warn`` (null = by the engine's dtype, ``AUTO_WARN``);
-- ``mismatch``: they differ by design (a compressed KV cache, ``rollout=sparse_hf``): logged, never warned about;
-- ``off``: they are another quantity (the loss's temperature is not the sampling temperature; vLLM's log-probs of a
-  top-k/top-p-truncated distribution): not logged, and the run's log says why once.
+- ``mismatch``: they differ by design (a compressed KV cache, ``rollout=sparse_hf``; vLLM's log-probs of a
+  top-k/top-p-truncated distribution): logged, never warned about (the vLLM engine's exact check after every push,
+  ``rollout.sync_check``, is what guards its sync there);
+- ``off``: they are another quantity (the loss's temperature is not the sampling temperature): not logged, and the
+  run's log says why once.
 """
 
 from __future__ import annotations

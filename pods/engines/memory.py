@@ -88,7 +88,10 @@ def largest(fits: Callable[[int], bool], hi: int) -> int | None:
 
 
 # -- the engines' memory models ---------------------------------------------------------------------------------------
-VLLM_NON_TORCH_GB = 0.5  # vLLM's memory outside its weights, activations and KV cache (CUDA graphs off)
+# vLLM's memory outside its weights, activations and KV cache. CUDA graphs (on by default on GPU) are not in it: vLLM 0.32
+# profiles their memory inside gpu_memory_utilization (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, its default), so they
+# shrink the KV cache line (info), not the reservation the total counts.
+VLLM_NON_TORCH_GB = 0.5
 # (sequences of a generation call, prompt tokens, completion tokens) -> (sequences, tokens each keeps in its KV cache)
 Cache = Callable[[int, int, int], tuple[int, int]]
 

@@ -15,6 +15,10 @@ prefix cache is reset so no KV block computed with old weights is reused. ``lm_h
 sent, even for tied embeddings: vLLM's CPU backend keeps its own packed copy of the head. In-process
 (``multiprocessing: false``, the default) the tensors are passed by reference; with vLLM's engine-core
 process they are serialised with safetensors and sent over ``collective_rpc`` (pods.engines.vllm_sync).
+After every push (``rollout.sync_check``, on by default) a float64 tally of the first and last decoder layers' parameters
+in the engine is compared with the pushed tensors' (pods.engines.vllm_sync): a skipped or partial push stops the run
+at once, at any learning rate and dtype (the sampler gap's bf16 threshold cannot see a stale engine at low rates).
+With top-k/top-p the sampler gap is logged as a mismatch (another distribution), not checked.
 
 LoRA: the merged weights W + scale * B @ A are pushed as a full model (``LocalBackend.export_weights``
 computes them out of place, dequantising a 4-bit base), i.e. merge -> push without touching the trainer's
@@ -37,6 +41,7 @@ import torch
 
 from pods.engines.base import Engine, Rollouts, Sampling
 from pods.engines.vllm_start import budget, build_llm, context_length, stop_token_ids
+from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
 from pods.errors import need
 from pods.progress import bar
 from pods.schema import Root, VllmRollout
@@ -59,6 +64,8 @@ class VLLMEngine(Engine):
         self.dtype = self.llm.llm_engine.vllm_config.model_config.dtype  # pushed tensors are cast to it here, once
         self.asleep = False
         self.last_sync_s = 0.0
+        layers = self.llm.llm_engine.vllm_config.model_config.hf_text_config.num_hidden_layers
+        self.checked = checked_layers(layers) if cfg.sync_check else []  # decoder layers compared after each push
 
     # -- the plug-in's rules and memory -------------------------------------------------------------
     @classmethod
@@ -109,7 +116,10 @@ class VLLMEngine(Engine):
     def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
         s = cfg.sampling
         if _truncates(s):
-            return "off", f"sampling.top_k={s.top_k} / top_p={s.top_p}: vLLM records the truncated, renormalised distribution's log-probs"
+            return (
+                "mismatch",
+                f"sampling.top_k={s.top_k} / top_p={s.top_p}: vLLM records the truncated, renormalised distribution's log-probs",
+            )
         return "sync", ""
 
     @classmethod
@@ -176,22 +186,43 @@ class VLLMEngine(Engine):
     # -- weight sync -------------------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
-        """Push the full policy (HF names) into the running engine; the next ``generate`` uses it."""
+        """Push the full policy (HF names) into the running engine; the next ``generate`` uses it. Then the prefix cache
+        is reset (refused: an error) and, with ``rollout.sync_check``, the engine's copy of the checked layers is
+        compared with what was pushed (``pods.engines.vllm_sync``): a mismatch stops the run."""
         clock = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])  # KV cache stays released until the weights are in
-        weights = _with_lm_head(named_tensors, self.dtype)
+        weights, pushed = _with_lm_head(named_tensors, self.dtype), {}
+        if self.checked:
+            weights = tallied(weights, self.checked, pushed)
+        self._push(weights)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError(
+                "vLLM refused to reset its prefix cache after a weight push (blocks still in use): cached prompts would keep the old weights' KV"
+            )
+        if self.checked:
+            self._verify(pushed)
+        self.last_sync_s = time.perf_counter() - clock
+
+    def _push(self, weights) -> None:
         if self.in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         else:
             from pods.engines.vllm_sync import pack
 
             self.llm.collective_rpc("pods_reload_weights", args=(pack(weights),))
-        if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
-        self.llm.reset_prefix_cache()
-        self.last_sync_s = time.perf_counter() - clock
+
+    def _verify(self, pushed: dict) -> None:
+        """The exact post-push check: every worker's tally of the checked layers equals the pushed one."""
+        for rows in self.llm.collective_rpc("pods_checksums", args=(self.checked,)):
+            wrong = mismatch(pushed, held(rows))
+            if wrong:
+                raise RuntimeError(
+                    f"weight sync check failed, {wrong}: the engine did not take the push (rollout.sync_check; vLLM logs the layers it kept)"
+                )
 
     def _wake(self) -> None:
         if self.asleep:

@@ -10,6 +10,7 @@ adopts it instead of creating one; its tensor/pipeline-parallel groups are then 
 start ``torch.cuda.set_device(LOCAL_RANK)`` is restored; ``close()`` (vLLM's shutdown) destroys the default
 group, so the loop closes the engine after its last collective. Seeds are ``seed + rank``.
 
+FlashInfer's sampler is off unless ``VLLM_USE_FLASHINFER_SAMPLER`` is set (offline nodes, ``build_llm``).
 In-process engine hygiene: vLLM is imported in a throwaway thread (an import error it caches would
 otherwise pin the caller's stack: the trainer, for good); the trainer's RNG states and
 ``torch.set_num_threads`` are restored after start; ``close()`` frees the engine. vLLM logs
@@ -101,8 +102,7 @@ def _llm_kwargs(model_dir: str, ro: VllmRollout, on_cpu: bool) -> dict:
                 "rollout.multiprocessing=true cannot run under torchrun: vLLM's external launcher needs the engine in the training process"
             )
         kw["distributed_executor_backend"] = "external_launcher"
-    if ro.multiprocessing:
-        kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"
+    kw["worker_extension_cls"] = "pods.engines.vllm_sync.WeightSyncExtension"  # the RPC sync and the post-push check
     return {**kw, **ro.extra_args}
 
 
@@ -131,6 +131,9 @@ def build_llm(model_dir: str, ro: VllmRollout):
     """Start ``vllm.LLM`` without side effects on the trainer: its RNG states and torch.set_num_threads
     (which vLLM's CPU worker replaces with a no-op) are restored afterwards."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if ro.multiprocessing else "0"
+    # FlashInfer's top-k/top-p sampler JIT-builds or downloads its kernels on first use (without the flashinfer-cubin
+    # package): a hang or a failure on an offline node. vLLM's PyTorch sampler instead; set the variable to 1 to opt in.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     _import_vllm()
     import vllm
     import vllm.envs

@@ -209,6 +209,7 @@ class VllmRollout(Section):
     )
     multiprocessing: bool = False  # true = vLLM's engine process, sync over RPC (one process only)
     enable_sleep_mode: bool = False  # GPU only: after each generation, weights to CPU RAM and KV cache freed
+    sync_check: bool = True  # after each push, a float64 checksum of 2 decoder layers in the engine vs the trainer's
     extra_args: dict[str, Any] = {}  # any other vllm.LLM keyword argument
 
 

@@ -92,8 +92,8 @@ def test_gap_check_of_config_and_warning_rhythm(gap_log):
     assert GapCheck.of(check(compose(["rollout=hf"]))).warn_above == AUTO_WARN["float32"]
     assert GapCheck.of(check(compose(["rollout=vllm", "rollout.dtype=bfloat16"]))).warn_above == AUTO_WARN["bfloat16"]
     assert GapCheck.of(check(compose(["train.sampler_gap_warn=0.3"]))).warn_above == 0.3
-    off = GapCheck.of(check(compose(["rollout=vllm", "sampling.top_k=50"])))
-    assert off.mode == "off" and "top_k=50" in off.why
+    truncated = GapCheck.of(check(compose(["rollout=vllm", "sampling.top_k=50"])))
+    assert truncated.mode == "mismatch" and "top_k=50" in truncated.why  # logged, not checked (issue 32 item 6)
     check_ = GapCheck("sync", 1e-3)
     big, small = torch.tensor([5.0, 10.0, 2.0], dtype=torch.float64), torch.tensor([1e-4, 10.0, 1e-4], dtype=torch.float64)
     assert check_(small) == {"sampler_gap": pytest.approx(1e-5), "sampler_gap_max": pytest.approx(1e-4)}
