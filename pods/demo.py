@@ -44,6 +44,7 @@ COMPARISONS = [(GA, PODS), (GRPO, PODS)]  # (baseline, arm)
 PER_STEP = {GRPO: "toy_binary_grpo_16_16_cpu", PODS: "toy_binary_pods_64_16_cpu"}  # binary reward, operands in [50, 149]
 CSV_FIELDS = ["label", "run_dir", "step", "train_time", "accuracy", "answer_prob", "n_eval"]
 PAPER_L40S = (8.2, 10.2)  # s per step on one L40S: GRPO 16/16, PODS 64->16 (paper-facts.md)
+IDLE_S_PER_STEP = {GRPO: 0.153, GA: 0.573, PODS: 0.306}  # the budgets' calibration: idle 2-core machine (docs/cpu-miniature.md)
 
 
 def job(label: str, exp: str, seed: int, run_dir: Path, end: str, overrides: list[str]) -> Job | None:
@@ -57,9 +58,10 @@ def job(label: str, exp: str, seed: int, run_dir: Path, end: str, overrides: lis
     return Job(args, run_dir, log=run_dir / "launch.log", name=f"{label} seed {seed}")
 
 
-def run_all(out: Path, arms: dict[str, tuple[str, tuple[int, ...]]], end: str, overrides: list[str]) -> dict[str, list[Path]]:
+def run_all(out: Path, arms: dict[str, tuple[str, tuple[int, ...]]], end: str, overrides: list[str]) -> tuple[dict[str, list[Path]], int]:
     """Every arm x seed, one at a time, seed by seed (load changes spread over the arms alike); the load before and
-    after each run appended to ``out/load.txt``. Returns label -> run dirs."""
+    after each run appended to ``out/load.txt``. Returns label -> run dirs, and how many runs ran now."""
+    ran = 0
     dirs: dict[str, list[Path]] = {label: [] for label in arms}
     seeds = sorted({k for _, ks in arms.values() for k in ks})
     for k in seeds:
@@ -73,22 +75,36 @@ def run_all(out: Path, arms: dict[str, tuple[str, tuple[int, ...]]], end: str, o
                 run_dir.mkdir(parents=True, exist_ok=True)
                 before = machine_load()
                 launch([j], "local", tag="demo")
+                ran += 1
                 with (out / "load.txt").open("a") as f:
                     f.write(f"{exp} seed {k}: {before} before, {machine_load()} after\n")
-    return dirs
+    return dirs, ran
 
 
-def summarize(dirs: dict[str, list[Path]], out: Path, title: str, header: list[str], n_boot: int = 2000) -> list[str]:
-    """Figure, CSV and summary.txt from the runs' metrics.jsonl; returns the summary lines."""
+def summarize(dirs: dict[str, list[Path]], out: Path, title: str, header: list[str], n_boot: int = 2000, idle: bool = True) -> list[str]:
+    """Figure, CSV and summary.txt from the runs' metrics.jsonl; returns the summary lines. ``idle``: add the
+    comparisons on the idle-calibrated clock (the toy task's arms, whose budgets it calibrated)."""
     runs = {label: [load_run(d) for d in ds] for label, ds in dirs.items() if ds}
     png = plot_runs(runs, out / "accuracy_vs_time.png", title)
     rows = [{**e, "train_time": round(e["train_time"], 3), "n_eval": e["n_eval"] or 0} for e in eval_rows(runs, CSV_FIELDS)]
     for e in rows:
         e["answer_prob"] = "" if e["answer_prob"] is None else round(e["answer_prob"], 6)
     csv_path = write_csv(rows, out / "accuracy_vs_time.csv", CSV_FIELDS)
-    lines = header + speedup_report(runs, COMPARISONS, n_boot=n_boot) + caveat(runs)
+    lines = header + speedup_report(runs, COMPARISONS, n_boot=n_boot) + (idle_clock(runs) if idle else []) + caveat(runs)
     lines += [f"figure: {png}", f"csv:    {csv_path}"]
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def idle_clock(runs: dict) -> list[str]:
+    """The comparisons on the idle-calibrated clock (steps x the calibration's idle s/step, a MODEL of an idle machine):
+    under a changing load the measured seconds of runs made one after another are not comparable, steps are."""
+    lines = []
+    for baseline, arm in COMPARISONS:
+        if baseline in runs and arm in runs:
+            base = [(xs * IDLE_S_PER_STEP[baseline], ys) for xs, ys in (r.curve("step") for r in runs[baseline])]
+            other = [(xs * IDLE_S_PER_STEP[arm], ys) for xs, ys in (r.curve("step") for r in runs[arm])]
+            lines.append(band_line(f"{arm} vs {baseline}", "idle-calibrated seconds (steps x idle s/step: a model)", base, other))
     return lines
 
 
@@ -143,8 +159,11 @@ def header_lines(command: str, t0: float, before: str, what: str) -> list[str]:
 
 def demo(out: Path, overrides: list[str]) -> None:
     t0, before = time.time(), machine_load()
-    dirs = run_all(out, DEMO, "weights", overrides)
+    dirs, ran = run_all(out, DEMO, "weights", overrides)
     header = header_lines("make demo", t0, before, f"{GA} and {PODS} x 3 seeds, {GRPO} x 1 seed")
+    old = out / "summary.txt"
+    if not ran and old.exists() and old.read_text().startswith("make demo:"):
+        header[0] = old.read_text().splitlines()[0]  # nothing ran now: the wall-clock of the run that made them
     for line in summarize(dirs, out, "toy arithmetic, tiny Qwen2, CPU: 3 seeds (GRPO 16/16: 1)", header):
         print("[demo]", line)
 
@@ -158,7 +177,7 @@ def seeded(out: Path, seeds: list[int], overrides: list[str], redraw: bool) -> N
         old = out / "summary.txt"
         header = old.read_text().splitlines()[:3] if old.exists() else ["redrawn from the runs' metrics.jsonl"]
     else:
-        dirs = run_all(out, {label: (exp, tuple(seeds)) for label, exp in SEEDED.items()}, "false", overrides)
+        dirs, _ = run_all(out, {label: (exp, tuple(seeds)) for label, exp in SEEDED.items()}, "false", overrides)
         header = header_lines(
             "make reproduce-figure-cpu", t0, before, f"{len(SEEDED)} arms x {len(seeds)} seeds (runs already finished kept)"
         )
@@ -176,10 +195,10 @@ def per_step(out: Path, seeds: list[int], overrides: list[str], redraw: bool) ->
         old = out / "summary.txt"
         header = old.read_text().splitlines()[:3] if old.exists() else ["redrawn from the runs' metrics.jsonl"]
     else:
-        dirs = run_all(out, arms, "false", overrides)
+        dirs, _ = run_all(out, arms, "false", overrides)
         header = header_lines("make reproduce-pods-per-step-cpu", t0, before, f"{len(arms)} arms x {len(seeds)} seeds (finished runs kept)")
     title = "binary reward, operands in [50, 149], tiny Qwen2, CPU: GRPO 16/16 vs PODS 64→16 (compare by steps)"
-    lines = summarize(dirs, out, title, header)
+    lines = summarize(dirs, out, title, header, idle=False)
     runs = {label: [load_run(d) for d in ds] for label, ds in dirs.items() if ds}
     lines += cost_model(runs)
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
