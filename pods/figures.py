@@ -27,8 +27,9 @@ from pathlib import Path
 from pods import launch
 from pods.results.curves import mean_curves
 from pods.results.plot import plot_curves
-from pods.results.report import EVAL_FIELDS, eval_rows, figure_summary, table, write_csv, write_curves
+from pods.results.report import EVAL_FIELDS, eval_rows, figure_bands, figure_summary, table, write_csv, write_curves
 from pods.results.runs import Run, arm, by_rule, find_runs, group, load_run, record
+from pods.results.speedup import BAND, Band
 
 
 def single_gpu_reference(train_set: str, model: str, keep: Callable[[dict], bool]) -> Callable[[Path], list[dict]]:
@@ -90,6 +91,7 @@ class Figure:
     baseline: str | None = None  # the label whose best mean accuracy sets the speed-up target
     time_unit: str = "h"
     metric: str = "accuracy"  # the eval metric plotted: accuracy | both_accuracy (answer AND format, the Llama panel)
+    band: Band = BAND  # the band speed-up's levels (pods.results.speedup), fixed here before any run
 
 
 QWEN3B_GSM8K_PODS = "gsm8k_qwen3b_pods_64_16_l40s"
@@ -219,10 +221,12 @@ def plot(name: str, runs: Path, out: Path, reference: Path | None) -> list[dict]
     curves); prints the summary; returns the mean-curve rows."""
     fig = FIGURES[name]
     ours = group([load_run(d) for d in find_runs(runs)], fig.label) if runs.exists() else {}
-    curves = {"ours": mean_curves({k: [r.curve("time", fig.metric) for r in rs] for k, rs in ours.items()})}
+    seeds = {"ours": {k: [r.curve("time", fig.metric) for r in rs] for k, rs in ours.items()}}
     if reference is not None and fig.reference is not None and reference.exists():
         theirs = group(reference_runs(fig.reference(reference)), fig.label)
-        curves["authors"] = mean_curves({k: [r.curve("time", fig.metric) for r in rs] for k, rs in theirs.items()})
+        seeds["authors"] = {k: [r.curve("time", fig.metric) for r in rs] for k, rs in theirs.items()}
+    curves = {src: mean_curves(by) for src, by in seeds.items()}
+    bands = {src: {k: kept for k, cs in by.items() if (kept := [c for c in cs if len(c[0]) > 1])} for src, by in seeds.items()}
     rows = [row for source, by_label in curves.items() for row in table(by_label, source)]
     if not rows:
         raise SystemExit(f"[figures] no runs under {runs} and no reference curves: run `make reproduce-figure-{name}` first")
@@ -231,7 +235,7 @@ def plot(name: str, runs: Path, out: Path, reference: Path | None) -> list[dict]
     ylabel = {"accuracy": "test accuracy", "both_accuracy": "test accuracy AND format"}[fig.metric]
     png = plot_curves(rows, out / "accuracy_vs_time.png", fig.title, fig.time_unit, ylabel)
     print(f"[figures] {png}\n[figures] {out / 'mean_curves.csv'}  {out / 'evals.csv'}")
-    for line in figure_summary(curves, fig.baseline):
+    for line in figure_summary(curves, fig.baseline) + figure_bands(bands, fig.baseline, fig.band):
         print("[figures]", line)
     return rows
 

@@ -35,7 +35,7 @@ from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
 from pods.engines import ENGINES, Sampling
-from pods.eval.accuracy import evaluate
+from pods.eval.accuracy import answer_prob, canonical_answers, evaluate
 from pods.files import atomic
 from pods.log import setup
 from pods.metrics import MetricsLogger
@@ -162,6 +162,7 @@ class Run:
         lockstep = self.backend.collective_forward and not self.engine.needs_sync  # generating with the ZeRO-3 module
         self.test_prompts = len(test_ids)
         self.test_ids, self.test_golds = self.dist.shard(test_ids, [ex.gold for ex in test_ex], lockstep=lockstep)
+        self.canonical = (test_ids, canonical_answers(ds.name, test_ex))  # answer_prob: every rank, all prompts (one forward each)
 
     def resume(self) -> None:
         """``train.resume``: restore the latest (``auto``) or the named checkpoint, if there is one."""
@@ -209,6 +210,8 @@ class Run:
             ev.seed + st.evals,
             on_samples=self.logger.completion_sink(self.tok),
         )
+        if self.canonical[1] is not None:
+            res["answer_prob"] = answer_prob(self.backend, self.tok, *self.canonical)["answer_prob"]
         row = {"kind": "eval", "step": st.step, "train_time": st.train_time, **self.dist.reduce_eval(res)}
         st.evals += 1
         st.last_eval = st.train_time

@@ -1,8 +1,9 @@
 """What is written from runs: CSV tables and the printed summaries with the paper's speed-up metric.
 
 - ``speedup_report``: per arm, start and peak of the mean time curve (fine grid) with 1.96 SE and per-step costs,
-  then each comparison against training seconds and against optimizer steps with a bootstrap interval (the CPU
-  demo and ``make reproduce-figure-cpu``).
+  then each comparison against training seconds and against optimizer steps: the band metric (``pods.results.speedup``)
+  per seed pair and pooled, then the paper's 99%-of-peak metric (the CPU demo and ``make reproduce-figure-cpu``);
+  bootstrap intervals only from 3 seeds per arm.
 - ``figure_summary``: first / best / last point of each mean curve on a figure's common grid and the time to 99%
   of the baseline's best (``make figure-*``, ours and the authors' curves alike).
 """
@@ -17,8 +18,20 @@ import numpy as np
 from pods.files import atomic
 from pods.results.curves import CURVE_FIELDS, MeanCurve, band, bootstrap_speedup, curve_rows, ratio, speedup
 from pods.results.runs import Run
+from pods.results.speedup import BAND, MIN_SEEDS_FOR_INTERVAL, Band, band_line, budget_note
 
-EVAL_FIELDS = ["label", "run_dir", "step", "train_time", "accuracy", "format_accuracy", "both_accuracy", "reward", "mean_length"]
+EVAL_FIELDS = [
+    "label",
+    "run_dir",
+    "step",
+    "train_time",
+    "accuracy",
+    "format_accuracy",
+    "both_accuracy",
+    "reward",
+    "mean_length",
+    "answer_prob",
+]
 
 
 def write_csv(rows: list[dict], path: str | Path, fields: list[str]) -> Path:
@@ -73,7 +86,7 @@ def compare(runs: dict[str, list[Run]], baseline: str, arm: str, x: str = "time"
     return {**out, "lo": boot["lo"], "hi": boot["hi"], "never": boot["never"]}
 
 
-def speedup_report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]], n_boot: int = 2000) -> list[str]:
+def speedup_report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]], n_boot: int = 2000, band: Band = BAND) -> list[str]:
     """The printed summary: one line per arm, then each (baseline, arm) comparison's costs and speed-ups."""
     lines = [
         f"{'arm':18s} {'seeds':>5s} {'start':>13s} {'peak':>13s} {'at (s)':>7s} {'steps':>7s} {'s/step':>7s} "
@@ -87,24 +100,32 @@ def speedup_report(runs: dict[str, list[Run]], comparisons: list[tuple[str, str]
         )
     for baseline, arm in comparisons:
         if baseline in runs and arm in runs:
-            lines += _comparison(runs, baseline, arm, n_boot)
+            lines += _comparison(runs, baseline, arm, n_boot, band)
     return lines
 
 
-def _comparison(runs: dict[str, list[Run]], baseline: str, arm: str, n_boot: int) -> list[str]:
+def _comparison(runs: dict[str, list[Run]], baseline: str, arm: str, n_boot: int, band: Band = BAND) -> list[str]:
+    """The step-cost line, then per x (seconds, steps): the band metric on sampled accuracy (and on answer_prob when
+    the runs logged it), then the paper's 99%-of-peak metric, flagged when the baseline is budget-bound."""
     b, a = arm_summary(runs[baseline]), arm_summary(runs[arm])
     lines = [
         f"{arm} vs {baseline}: a step costs {a['s_per_step'] / b['s_per_step']:.2f}x (generation {a['t_generate'] / b['t_generate']:.2f}x, "
         f"update {a['t_update'] / b['t_update']:.2f}x); {100 * b['zero_var']:.1f}% of {baseline}'s prompt groups had zero reward variance"
     ]
     for x, unit in (("time", "s"), ("step", "steps")):
+        base, other = [r.curve(x) for r in runs[baseline]], [r.curve(x) for r in runs[arm]]
+        lines.append(band_line(f"{arm} vs {baseline}", x, base, other, band, n_boot))
+        probs = [[r.curve(x, "answer_prob") for r in runs[k]] for k in (baseline, arm)]
+        if all(len(c[0]) > 1 for cs in probs for c in cs):
+            lines.append(band_line(f"{arm} vs {baseline}", x, *probs, band, n_boot, source="answer_prob"))
         c = compare(runs, baseline, arm, x, n_boot=n_boot)
         t_arm = "never" if c["t_arm"] is None else f"{c['t_arm']:.0f} {unit}"
         never = f", never in {100 * c['never']:.0f}% of resamples" if c["never"] else ""
+        interval = f" [95% {c['lo']:.2f}, {c['hi']:.2f}]" if min(len(base), len(other)) >= MIN_SEEDS_FOR_INTERVAL else ""
         lines.append(
-            f"{arm} vs {baseline} by {x}: to {c['target']:.3f} (99% of {baseline}'s best mean {c['base_peak']:.3f}) "
-            f"{baseline} {c['t_base']:.0f} {unit}, {arm} {t_arm}: speed-up {c['speedup']:.2f}x "
-            f"[95% {c['lo']:.2f}, {c['hi']:.2f}]{never}"
+            f"{arm} vs {baseline} by {x}, 99% of peak (sampled accuracy): to {c['target']:.3f} (99% of {baseline}'s best mean "
+            f"{c['base_peak']:.3f}) {baseline} {c['t_base']:.0f} {unit}, {arm} {t_arm}: speed-up {c['speedup']:.2f}x"
+            f"{interval}{never}{budget_note(base, baseline)}"
         )
     return lines
 
@@ -133,4 +154,20 @@ def figure_summary(curves: dict[str, dict[str, MeanCurve]], baseline: str | None
                     f"{source:7s} time to 99% of {baseline}'s best mean ({target:.3f}): {baseline} {t_base:.0f} s, "
                     f"{label} {'never' if t is None else f'{t:.0f} s'}: speed-up {text}"
                 )
+    return lines
+
+
+def figure_bands(curves: dict[str, dict[str, list]], baseline: str | None, band: Band = BAND, n_boot: int = 2000) -> list[str]:
+    """Per source (ours, the authors'): each curve's band speed-up over the baseline against time, per seed pair and
+    pooled over seeds (``curves``: source -> label -> per-seed curves), and the 99% metric's budget-bound flag."""
+    lines = []
+    for source, by_label in curves.items():
+        if baseline not in by_label:
+            continue
+        base = by_label[baseline]
+        for label in (k for k in by_label if k != baseline):
+            lines.append(f"{source:7s} " + band_line(f"{label} vs {baseline}", "time", base, by_label[label], band, n_boot))
+        note = budget_note(base, baseline)
+        if note:
+            lines.append(f"{source:7s} 99% of peak:{note}")
     return lines

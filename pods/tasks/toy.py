@@ -10,7 +10,7 @@ import random
 import re
 
 from pods.schema import ToyDataset
-from pods.tasks.base import DATASETS, GRADERS, RECIPES, Example, Score, TaskData
+from pods.tasks.base import DATASETS, GRADERS, RECIPES, DatasetSpec, Example, Score, TaskData
 
 QUESTION = "What is {a} + {b}? Answer in format: 'Answer: {{result}}'"
 ANSWER = "Answer: {result}"
@@ -22,7 +22,12 @@ def toy_example(a: int, b: int) -> Example:
     return Example(messages=({"role": "user", "content": QUESTION.format(a=a, b=b)},), gold=str(a + b), id=f"{a}+{b}")
 
 
-@DATASETS.register("toy_arith")
+def canonical(ex: Example) -> str:
+    """The right answer in the asked format ("Answer: 35"): the warm start's target and the eval's ``answer_prob``."""
+    return ANSWER.format(result=ex.gold)
+
+
+@DATASETS.register("toy_arith", spec=DatasetSpec(sft_target=canonical))
 def toy_arith(ds: ToyDataset) -> TaskData:
     lo, hi = ds.low, ds.high
     n_train, n_test = ds.train_size, ds.test_size

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -103,19 +104,43 @@ def test_wandb_offline_logger_writes_a_run(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_writes_figure_and_csv_from_its_runs(tiny_dir, tmp_path):
-    p = run(["-m", "pods.demo", "--out", str(tmp_path), "train.time_budget_s=3", "eval.every_s=1", "eval.max_examples=8", "eval.repeats=1"])
+def test_demo_writes_figure_csv_and_band_summary_and_keeps_weights_for_pods_eval(tiny_dir, tmp_path):
+    """``python -m pods.demo``: GRPO-GA and PODS x 3 seeds and GRPO 16/16 x 1, shrunk to 4 steps each; the CSV holds
+    every evaluation of the runs' own metrics (answer_prob too), the summary the band metric per seed pair and
+    pooled, and every run keeps final/ so that ``pods-eval RUN_DIR --suite toy`` works on it."""
+    small = ["train.max_steps=4", "eval.every_steps=2", "eval.max_examples=8", "eval.repeats=1"]
+    p = run(["-m", "pods.demo", "--out", str(tmp_path), *small])
     assert p.returncode == 0, p.stderr[-3000:]
     png, csv_path = tmp_path / "accuracy_vs_time.png", tmp_path / "accuracy_vs_time.csv"
     assert png.stat().st_size > 5000
     lines = csv_path.read_text().splitlines()
-    evals = sum(len(read_metrics(d / "metrics.jsonl", "eval")) for d in (tmp_path / "runs").iterdir())
-    assert len(lines) - 1 == evals >= 4  # every CSV row is an eval row of the arms' own metrics files
+    dirs = sorted((tmp_path / "runs").glob("*/seed*"))
+    assert len(dirs) == 7 and all((d / "final" / "config.json").is_file() for d in dirs)
+    evals = sum(len(read_metrics(d / "metrics.jsonl", "eval")) for d in dirs)
+    assert len(lines) - 1 == evals == 7 * 3  # steps 0, 2, 4: every CSV row is an eval row of the arms' own metrics
+    assert all(row.split(",")[5] for row in lines[1:])  # answer_prob at every evaluation
     assert {"GRPO 16/16", "GRPO-GA 64/16", "PODS 64→16"} == {line.split(",")[0] for line in lines[1:]}
-    assert "figure:" in p.stdout
-    summary = (tmp_path / "summary.txt").read_text()  # the printed table, both comparisons by seconds and by steps
-    assert (
-        "load average" in summary
-        and summary.count("PODS 64→16 vs GRPO-GA 64/16 by") == 2
-        and summary.count("PODS 64→16 vs GRPO 16/16 by") == 2
+    summary = (tmp_path / "summary.txt").read_text()
+    for x in ("time", "step"):
+        band = re.search(
+            rf"PODS 64→16 vs GRPO-GA 64/16 by {x}, band on sampled accuracy .*per seed pair (\S+x \S+x \S+x); pooled \d+\.\d\dx", summary
+        )
+        assert band, summary
+        assert f"PODS 64→16 vs GRPO-GA 64/16 by {x}, 99% of peak (sampled accuracy)" in summary
+    assert "load average" in summary and "CPU caveat (GRPO 16/16, context)" in summary
+    assert "load average" in (tmp_path / "load.txt").read_text()
+    pods_run = tmp_path / "runs" / "demo_pods_cpu" / "seed0"
+    e = run(
+        [
+            "-m",
+            "pods.eval",
+            str(pods_run),
+            "--suite",
+            "toy",
+            "suite.samples=1",
+            "suite.benchmarks.toy_arith.size=4",
+            "suite.only=[toy_arith]",
+        ]
     )
+    assert e.returncode == 0, e.stderr[-3000:]
+    assert (pods_run / "eval" / "toy" / "summary.json").is_file()

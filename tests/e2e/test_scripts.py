@@ -1,8 +1,9 @@
 """``scripts/``: the user-facing scripts run as their commands.
 
 ``scripts/compare_runs.py`` on hand-made run directories: B has A's accuracy at every step but its steps cost half
-the seconds, so B reaches 99% of A's best 2x sooner by time and at the same step; a directory of two seeds is
-averaged; a path without runs is refused with one error line (exit 2)."""
+the seconds, so B reaches 99% of A's best 2x sooner by time and at the same step, and the band metric says 2x and 1x
+per seed pair and pooled; a directory of two seeds is averaged; a path without runs is refused with one error line
+(exit 2)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,11 @@ def test_compare_runs_prints_costs_curves_and_speedups(tmp_path):
     assert "A: " in p.stdout and "(GRPO 16/16; 1 run): 8 steps, 1.000 s/step; accuracy 0.200 at start, best 0.600" in p.stdout
     assert "(PODS 64→16; 2 runs): 8 steps, 0.500 s/step" in p.stdout
     # target 0.594 between the evals at steps 4 (0.5) and 8 (0.6): step 7.76, i.e. 7.76 s for A and 3.88 s for B
-    assert "B vs A by time: to 0.594 (99% of A's best mean 0.600) A 8 s, B 4 s: speed-up 2.00x" in p.stdout
-    assert "B vs A by step:" in p.stdout and "speed-up 1.00x" in p.stdout
+    assert "B vs A by time, 99% of peak: to 0.594 (99% of A's best mean 0.600) A 8 s, B 4 s: speed-up 2.00x" in p.stdout
+    assert "[budget-bound: A has not plateaued (best at its last evaluation in 1 of 1 seeds)]" in p.stdout  # A's best is its last
+    # the band metric: levels 40-90% of the way from A's start 0.2 to its level 0.6; B is A at half the seconds
+    assert "B vs A by time, band on accuracy 0.360-0.560" in p.stdout and "per seed pair 2.00x; pooled 2.00x" in p.stdout
+    assert "B vs A by step, band on accuracy" in p.stdout and "pooled 1.00x (no interval below 3 seeds)" in p.stdout
     with (tmp_path / "t.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [float(r["time"]) for r in rows] == [0.0, 2.0, 4.0, 6.0, 8.0]  # the median gap between evaluations: B's 2 s
