@@ -4,7 +4,8 @@
   (0) check the config (typed, before any model or dataset loads) and a resume against the run's own record
   (``pods.resume``: exact or refused; a finished run is left as it is), and set the run up (``Run``);
   then, until the step or time budget is spent, each step
-  (1) samples this rank's prompts, (2) generates n rollouts per prompt, (3) scores them, (4) down-samples to the
+  (1) samples this rank's prompts, (2) generates n rollouts per prompt, (3) scores them, (3b) drops groups of equal
+  rewards and refills from further prompt batches (``train.group_filter``, ``pods.refill``), (4) down-samples to the
   plan's kept count per group with the named rule, (5) computes advantages on the kept rollouts (D3S: on the full
   group, before (4), and the rule reads them), (5b) applies token-level corrections and selection, (6) updates the
   policy, (7) syncs the weights into the engine, (8) logs, (9) evaluates on the training clock's schedule and
@@ -197,15 +198,12 @@ class Run:
     def step(self) -> dict:
         """Steps (1)-(8): this rank's prompts, the rollout step, the clock, the log row."""
         clock, st, cfg = time.perf_counter(), self.state, self.cfg
-        idx = self.sampler.next()  # (1)
+        prompts, golds = self.prompts_of(self.sampler.next())  # (1)
         p = progress_of(st, cfg.train)
         p_next = progress_of(LoopState(step=st.step + 1, train_time=st.train_time), cfg.train)
         lr = step_lr(cfg.optim, p, p_next)  # the LR of each optimizer step of this rollout step (mini-batches)
-        prompts, golds = self.prompts_of(idx)
-        more = lambda: self.prompts_of(self.sampler.next())  # noqa: E731 - a refill's next prompt batch (pods.refill)
-        row = rollout_step(
-            cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p, more
-        )  # (2)-(7)
+        more = lambda: self.prompts_of(self.sampler.next())  # noqa: E731 - a refill's next batch (pods.refill)
+        row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p, more)
         row = self.dist.reduce_metrics(row)
         st.step += 1
         st.train_time += self.dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all

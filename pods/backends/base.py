@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pods.backends.batch import TokenStats, TrainBatch, build_batch, token_stats
+from pods.backends.batch import TokenStats, TrainBatch, budget_rows, build_batch, token_stats
 from pods.backends.gap import GapCheck, add_gap, gap_sums
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
 from pods.progress import bar
 from pods.registry import Registry
 from pods.schema import Algorithm, Hardware, Model, Optim, Root, Sampling
-from pods.step import mini_batch_bounds, split_to, token_micro_batches
+from pods.step import mini_batch_bounds
 
 __all__ = [  # the batch's names are public here too (``pods.backends.base.build_batch``)
     "BACKENDS",
@@ -109,16 +109,11 @@ class Updater:
         return count
 
     def micro_batch_rows(self, batch: TrainBatch, size: int | None = None) -> list[torch.Tensor] | None:
-        """``hardware.micro_batch_tokens``: the rows of each micro-batch (``pods.step.token_micro_batches``, as many on
-        every rank: ``agree_count``, ``pods.step.split_to``); None = consecutive chunks of ``size`` rows (today's)."""
+        """``hardware.micro_batch_tokens``: the rows of each micro-batch, as many on every rank (``budget_rows``); None =
+        consecutive chunks of ``size`` rows (today's)."""
         if not self.micro_batch_tokens or len(batch) == 0:
             return None
-        size = size or self.micro_batch_size
-        p_len, c_len = (t.tolist() for t in batch.lengths())
-        cuts = token_micro_batches(p_len, c_len, size, self.micro_batch_tokens)
-        cost = lambda rows: len(rows) * (max(p_len[i] for i in rows) + max(c_len[i] for i in rows))  # noqa: E731
-        cuts = split_to(cuts, self.agree_count(len(cuts)), cost)
-        return [torch.tensor(c, dtype=torch.long) for c in cuts]
+        return budget_rows(batch, size or self.micro_batch_size, self.micro_batch_tokens, self.agree_count)
 
     def micro_batches(self, batch: TrainBatch, size: int | None = None, rows: list[torch.Tensor] | None = None):
         """The micro-batches of ``batch`` on the device: consecutive chunks of ``size`` rows, or (``rows``, from
