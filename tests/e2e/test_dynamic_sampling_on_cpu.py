@@ -89,7 +89,7 @@ def test_every_knob_composes_with_d3s_and_pods(tiny_dir, tmp_path):
         "algorithm.advantage=mean_centered",
         "hardware.micro_batch_tokens=64",
     ]
-    for algo in (["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2"], ["algorithm=d3s", "algorithm.n=4", "algorithm.m=2"]):
+    for algo in (["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2"], ["algorithm=d3s", "algorithm.n=4", "algorithm.m=2", "algorithm.m_final=3"]):
         run_dir = tmp_path / algo[0].split("=")[1]
         train(run_dir, *knobs, *algo)
         rows = read_metrics(run_dir / "metrics.jsonl", "train")

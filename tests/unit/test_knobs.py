@@ -87,3 +87,17 @@ def test_defaults_are_off():
         None,
         None,
     )
+
+
+def test_the_memory_estimate_follows_the_token_budget():
+    """``hardware.micro_batch_tokens`` bounds the activations: fewer tokens, a smaller estimate; a budget at least as
+    large as the micro-batch's full length changes nothing; below one sequence, one sequence is still estimated."""
+    from pods.memory.estimator import estimate
+
+    x8 = ["experiment=gsm8k_qwen3b_pods_h100x8"]
+    base = estimate(check(compose(x8)))
+    mb, tokens = base.micro_batch, base.tokens
+    at = lambda t: estimate(check(compose([*x8, f"hardware.micro_batch_tokens={t}"]))).total_gb  # noqa: E731
+    assert mb >= 4 and at(tokens) < at(2 * tokens) < at(4 * tokens) <= base.total_gb
+    assert at(mb * tokens) == base.total_gb  # the whole micro-batch fits the budget: nothing changes
+    assert at(tokens // 2) == at(tokens)  # below one sequence, one sequence at a time all the same
