@@ -101,3 +101,23 @@ def test_the_memory_estimate_follows_the_token_budget():
     assert mb >= 4 and at(tokens) < at(2 * tokens) < at(4 * tokens) <= base.total_gb
     assert at(mb * tokens) == base.total_gb  # the whole micro-batch fits the budget: nothing changes
     assert at(tokens // 2) == at(tokens)  # below one sequence, one sequence at a time all the same
+
+
+def test_a_run_recorded_before_these_options_resumes_with_them_off():
+    """Its config.json lacks the new keys; the defaults are what it ran with, so nothing differs; a key set otherwise does."""
+    import json
+
+    from pods.resume import differences
+
+    cfg = check(compose([]))
+    prior = json.loads(json.dumps(cfg.model_dump()))
+    for section, key in [
+        ("train", "group_filter"),
+        ("train", "refill_batches"),
+        ("algorithm", "mask_truncated"),
+        ("hardware", "micro_batch_tokens"),
+    ]:
+        del prior[section][key]
+    assert differences(cfg, prior, 1, 1) == []
+    on = check(compose(["train.group_filter=nonzero_std"]))
+    assert differences(on, prior, 1, 1) == ['train.group_filter="<absent>" (now: "nonzero_std")']
