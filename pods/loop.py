@@ -78,7 +78,7 @@ def _reward_metrics(rewards: torch.Tensor, kept: list[float], scores, dist) -> d
     return {
         "reward_mean_all": every.mean().item(),
         "reward_std_all": every.std().item() if every.numel() > 1 else 0.0,
-        "reward_mean_kept": kept_r.mean().item(),
+        "reward_mean_kept": kept_r.mean().item() if kept_r.numel() else 0.0,  # (no row: every group filtered out)
         "reward_std_kept": kept_r.std().item() if kept_r.numel() > 1 else 0.0,
         "zero_var_groups": (every.std(dim=1) == 0).float().mean().item() if rewards.shape[1] > 1 else 1.0,
         "train_accuracy": sum(sc.correct for sc in scores) / len(scores),

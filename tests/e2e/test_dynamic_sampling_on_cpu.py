@@ -89,7 +89,10 @@ def test_every_knob_composes_with_d3s_and_pods(tiny_dir, tmp_path):
         "algorithm.advantage=mean_centered",
         "hardware.micro_batch_tokens=64",
     ]
-    for algo in (["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2"], ["algorithm=d3s", "algorithm.n=4", "algorithm.m=2", "algorithm.m_final=3"]):
+    for algo in (
+        ["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2"],
+        ["algorithm=d3s", "algorithm.n=4", "algorithm.m=2", "algorithm.m_final=3"],
+    ):
         run_dir = tmp_path / algo[0].split("=")[1]
         train(run_dir, *knobs, *algo)
         rows = read_metrics(run_dir / "metrics.jsonl", "train")
@@ -120,3 +123,13 @@ def test_defaults_log_what_main_logged(tiny_dir, tmp_path):
     assert len(got) == len(want)
     for g, w in zip(got, untimed(want)):
         assert {k: g.get(k) for k in w if k != "model_dir"} == {k: v for k, v in w.items() if k != "model_dir"}
+
+
+def test_a_step_whose_every_group_is_filtered_trains_nothing(tiny_dir, tmp_path):
+    """One-token answers are never right (binary reward 0 everywhere): every group is dropped, no refill is allowed,
+    so the step trains nothing, says so, and the run goes on."""
+    none = ["sampling.max_tokens=1", "eval.max_tokens=1", "dataset.recipe=correctness", "train.group_filter=nonzero_std"]
+    train(tmp_path / "run", *none, "train.max_steps=2", "train.prompts_per_step=2")
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl", "train")
+    assert [(r["kept"], r["optimizer_steps"], r["gen_batches"], r["groups_filtered"]) for r in rows] == [(0, 0, 1, 2)] * 2
+    assert all(r["reward_mean_all"] == 0.0 and r["zero_var_groups"] == 1.0 for r in rows)
