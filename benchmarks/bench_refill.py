@@ -3,7 +3,7 @@
 ``python benchmarks/bench_refill.py [--setting toy|hard] [--run-dir DIR]``: trains the tiny model on the toy task
 with a binary reward (``dataset.recipe=correctness``), grpo_pods n=8 m=4, 4 prompts per step,
 ``train.group_filter=nonzero_std train.refill_batches=3``, seed 0, through ``python -m pods.train``: ``toy`` the tiny
-model's own range of numbers (20 steps), ``hard`` sums of 3-digit numbers, which it rarely gets right (10 steps).
+model's own range of numbers (20 steps), ``hard`` sums of 3-digit numbers, which it rarely gets right (10 steps), ``mid`` 50-199 (10 steps).
 A run directory that already holds its train rows is read, not re-run. Then replaces the setting's row of ``results/bench/refill_rates.csv``: the fraction of generated groups
 filtered, the mean prompt batches generated per step, the fraction of steps that trained every group, the fraction
 of trained groups that came from refills, and the share of the training clock spent generating. Counts, not
@@ -26,6 +26,7 @@ PROMPTS, N, M, K = 4, 8, 4, 3
 SETTINGS = {  # name: (steps, extra overrides, the CSV's description)
     "toy": (20, [], "toy 10-99 (the tiny model's range), binary reward"),
     "hard": (10, ["dataset.low=100", "dataset.high=999"], "toy 100-999 (a harder range), binary reward"),
+    "mid": (10, ["dataset.low=50", "dataset.high=199"], "toy 50-199 (half in the model's range), binary reward"),
 }
 ARGS = [
     "dataset.recipe=correctness",
