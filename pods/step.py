@@ -5,6 +5,8 @@ the rule is written once.
 - GRPO / PODS: ``algorithm.m`` of ``algorithm.n`` kept per group; micro-batches of ``hardware.micro_batch_size``.
 - GRPO-GA (``algorithm.grad_accum``): all n kept, trained in micro-batches of ``prompts x algorithm.m`` (the
   paper's "m" is then the micro-batch), one optimizer step.
+- Token-budget micro-batches (``hardware.micro_batch_tokens``): the rows sorted by length and cut by padded tokens
+  (``token_micro_batches``), as many on every rank (``split_to``); ``token_budget_rows`` is the memory estimate's view.
 - D3S (``algorithm.m_final``): the kept count moves from m to m_final along ``algorithm.ramp`` over the run.
 - Which rows: ``select_rows`` (the rule's kept rollouts and their advantages) and ``take_rows`` (the rows this rank
   trains: a whole-step rule such as ``d3s_cross_step`` moves kept rows between ranks so every rank trains as many).
