@@ -61,6 +61,7 @@ def test_refill_logs_what_it_generated_filtered_and_trained(refilled):
     assert sum(r["gen_batches"] for r in rows) > 4  # the tiny model gets many groups all wrong: refills happened
 
 
+@pytest.mark.slow  # several runs through the command line (make test-all)
 def test_a_killed_refill_run_resumes_to_what_an_uninterrupted_one_logs(refilled, tmp_path):
     run_dir, env = tmp_path / "killed", {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -79,6 +80,7 @@ def test_a_killed_refill_run_resumes_to_what_an_uninterrupted_one_logs(refilled,
     assert untimed(resumed) == untimed(straight)
 
 
+@pytest.mark.slow  # several runs through the command line (make test-all)
 def test_every_knob_composes_with_d3s_and_pods(tiny_dir, tmp_path):
     knobs = [
         *REFILL[:3],
