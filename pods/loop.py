@@ -4,7 +4,8 @@
   (0) check the config (typed, before any model or dataset loads) and a resume against the run's own record
   (``pods.resume``: exact or refused; a finished run is left as it is), and set the run up (``Run``);
   then, until the step or time budget is spent, each step
-  (1) samples this rank's prompts, (2) generates n rollouts per prompt, (3) scores them, (4) down-samples to the
+  (1) samples this rank's prompts, (2) generates n rollouts per prompt, (3) scores them, (3b) drops groups of equal
+  rewards and refills from further prompt batches (``train.group_filter``, ``pods.refill``), (4) down-samples to the
   plan's kept count per group with the named rule, (5) computes advantages on the kept rollouts (D3S: on the full
   group, before (4), and the rule reads them), (5b) applies token-level corrections and selection, (6) updates the
   policy, (7) syncs the weights into the engine, (8) logs, (9) evaluates on the training clock's schedule and
@@ -34,17 +35,18 @@ from pods import checkpoint, distributed, resume, tokens
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
-from pods.engines import ENGINES, Sampling
+from pods.engines import ENGINES
 from pods.eval.accuracy import answer_prob, canonical_answers, evaluate
 from pods.files import atomic
 from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, provenance, resolve_model_dir
 from pods.progress import bar
+from pods.refill import fill_step, generate_groups
 from pods.schema import Root
 from pods.signals import StopFlag
 from pods.step import plan, select_rows, step_lr, take_rows
-from pods.tasks import DATASETS, encode_prompts, score_batch
+from pods.tasks import DATASETS, encode_prompts
 
 
 @dataclass
@@ -76,7 +78,7 @@ def _reward_metrics(rewards: torch.Tensor, kept: list[float], scores, dist) -> d
     return {
         "reward_mean_all": every.mean().item(),
         "reward_std_all": every.std().item() if every.numel() > 1 else 0.0,
-        "reward_mean_kept": kept_r.mean().item(),
+        "reward_mean_kept": kept_r.mean().item() if kept_r.numel() else 0.0,  # (no row: every group filtered out)
         "reward_std_kept": kept_r.std().item() if kept_r.numel() > 1 else 0.0,
         "zero_var_groups": (every.std(dim=1) == 0).float().mean().item() if rewards.shape[1] > 1 else 1.0,
         "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
@@ -85,46 +87,54 @@ def _reward_metrics(rewards: torch.Tensor, kept: list[float], scores, dist) -> d
     }
 
 
-def rollout_step(cfg: Root, engine, backend, prompts, golds, gen, lr, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0) -> dict:
+def rollout_step(
+    cfg: Root, engine, backend, prompts, golds, gen, lr, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0, more=None
+) -> dict:
     """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
     statistics over every rank's groups). ``progress`` is the training progress in [0, 1]; ``lr`` a number or the LR
-    of each optimizer step (``pods.step.step_lr``)."""
-    a, s, ds, n = cfg.algorithm, cfg.sampling, cfg.dataset, cfg.algorithm.n
-    step = plan(a, len(prompts), backend.micro_batch_size, progress)
+    of each optimizer step (``pods.step.step_lr``); ``more()`` the next prompt batch (prompts, golds) for a refill."""
+    a, n = cfg.algorithm, cfg.algorithm.n
+    first = generate_groups(cfg, engine, prompts, golds)  # (2) generate, (3) score
+    # (3b) dynamic sampling (train.group_filter, train.refill_batches; pods.refill): drop zero-variance groups, refill
+    groups, every, refill = fill_step(cfg, engine, first, more, dist)
     times = [time.perf_counter()]
-    ro = engine.generate(prompts, n, Sampling.draw(s))  # (2)
-    times.append(time.perf_counter())
-    scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds.recipe, ds.grader, timeout_s=ds.grade_timeout_s)  # (3)
-    rewards = torch.tensor([sc.reward for sc in scores], dtype=torch.float64).view(len(prompts), n)
-    times.append(time.perf_counter())
+    prompts, rewards = groups.prompts, groups.rewards
+    step = plan(a, len(prompts), backend.micro_batch_size, progress)
     kept, adv = select_rows(a, rewards, step.keep, generator=gen, dist=dist)  # (4)-(5)
-    every = range(len(prompts) * n)  # this rank's rollouts; the rows it trains (a whole-step rule moves them across ranks):
+    rollouts = range(len(prompts) * n)  # this rank's rollouts; the rows it trains (a whole-step rule moves them across ranks):
     rows = take_rows(
         a.rule,
         kept,
         dist,
-        prompt=[prompts[r // n] for r in every],
-        completion=ro.completion_ids,
-        logprobs=ro.logprobs,
+        prompt=[prompts[r // n] for r in rollouts],
+        completion=groups.completions,
+        logprobs=groups.logprobs,
         adv=adv.tolist(),
         reward=rewards.flatten().tolist(),
-        group=[dist.rank * len(prompts) + r // n for r in every],
+        group=[dist.rank * len(prompts) + r // n for r in rollouts],
+        truncated=[f == "length" for f in groups.finish],
     )
-    metrics = _reward_metrics(rewards, rows["reward"], scores, dist)
+    metrics = _reward_metrics(every.rewards, rows["reward"], every.scores, dist)
     times.append(time.perf_counter())
-    batch = build_batch(rows["prompt"], rows["completion"], rows["logprobs"], rows["adv"], pad_id, groups=rows["group"])
-    if cfg.train.old_logprobs == "sampler":
-        batch.old_logprobs = batch.sampler_logprobs
-    token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection
-    stats = backend.update(batch, lr, micro_batch_size=step.micro_batch if a.grad_accum else None)  # (6)
+    if rows["prompt"]:
+        batch = build_batch(rows["prompt"], rows["completion"], rows["logprobs"], rows["adv"], pad_id, groups=rows["group"])
+        if cfg.train.old_logprobs == "sampler":
+            batch.old_logprobs = batch.sampler_logprobs
+        if a.mask_truncated:  # DAPO's overlong filtering: a row cut at sampling.max_tokens leaves the loss
+            batch.loss_mask[torch.tensor(rows["truncated"], dtype=torch.bool)] = 0.0
+        token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection
+        stats = backend.update(batch, lr, micro_batch_size=step.micro_batch if a.grad_accum else None)  # (6)
+        counts = {"kept": len(batch), "tokens_trained": int(batch.loss_mask.sum())}
+    else:  # every group filtered out on some rank (group_filter): no rank trains this step
+        token_metrics, stats, counts = {}, {"optimizer_steps": 0}, {"kept": 0, "tokens_trained": 0}
     times.append(time.perf_counter())
-    if engine.needs_sync:
+    if engine.needs_sync and rows["prompt"]:
         engine.load_weights(backend.export_weights())  # (7)
     times.append(time.perf_counter())
-    spent = dict(zip(("t_generate", "t_score", "t_select", "t_update", "t_sync"), (b - a_ for a_, b in zip(times, times[1:]))))
-    counts = {"kept": len(batch), "tokens": ro.num_tokens, "tokens_trained": int(batch.loss_mask.sum())}
-    counts["truncated"] = ro.finish_reasons.count("length") / len(scores)
-    return {**stats, **spent, **metrics, **counts, **ro.metrics, **token_metrics}
+    spent = {**every.seconds, **dict(zip(("t_select", "t_update", "t_sync"), (b - a_ for a_, b in zip(times, times[1:]))))}
+    counts = {"kept": counts["kept"], "tokens": every.tokens, "tokens_trained": counts["tokens_trained"]}
+    counts["truncated"] = every.finish.count("length") / len(every.scores)
+    return {**stats, **spent, **metrics, **counts, **first.metrics, **token_metrics, **refill}
 
 
 def _due(last: float, now: float, every: float | None) -> bool:
@@ -183,15 +193,18 @@ class Run:
             setup_row = {"model_dir": str(self.model_dir), "train_prompts": len(self.train_ids), "dropped_prompts": self.dropped}
             self.logger.log({"kind": "setup", "step": 0, **setup_row, "test_prompts": self.test_prompts, "world_size": self.dist.world})
 
+    def prompts_of(self, idx: list[int]) -> tuple[list, list]:
+        return [self.train_ids[i] for i in idx], [self.golds[i] for i in idx]
+
     def step(self) -> dict:
         """Steps (1)-(8): this rank's prompts, the rollout step, the clock, the log row."""
         clock, st, cfg = time.perf_counter(), self.state, self.cfg
-        idx = self.sampler.next()  # (1)
+        prompts, golds = self.prompts_of(self.sampler.next())  # (1)
         p = progress_of(st, cfg.train)
         p_next = progress_of(LoopState(step=st.step + 1, train_time=st.train_time), cfg.train)
         lr = step_lr(cfg.optim, p, p_next)  # the LR of each optimizer step of this rollout step (mini-batches)
-        prompts, golds = [self.train_ids[i] for i in idx], [self.golds[i] for i in idx]
-        row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p)  # (2)-(7)
+        more = lambda: self.prompts_of(self.sampler.next())  # noqa: E731 - a refill's next batch (pods.refill)
+        row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p, more)
         row = self.dist.reduce_metrics(row)
         st.step += 1
         st.train_time += self.dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all

@@ -219,3 +219,19 @@ def _bnpo_prepare(batch, backend) -> None:
 
 
 AGGREGATIONS.register("bnpo", bnpo, spec=AggSpec(prepare=_bnpo_prepare, whole_groups=True))
+
+
+def seq_mean_token_sum_norm(per_token, mask, n_seqs: int, n_tokens: int):
+    """Dr. GRPO (Liu et al., arXiv 2503.20783): each sequence's token SUM, divided by a constant L (``per_token`` [B, T]
+    already carries 1 / L from ``_norm_prepare``), then the mean over the n_seqs sequences of the step:
+    sum_i sum_t l_i,t / (n_seqs L). No length normalisation per sequence, so a long wrong answer is not diluted."""
+    return (per_token * mask).sum() / n_seqs
+
+
+def _norm_prepare(batch, backend) -> None:
+    """``batch.agg_weights`` = 1 / L for every row, L = ``backend.norm_tokens`` (``algorithm.loss_norm_tokens``, null =
+    ``sampling.max_tokens``: the generation budget, the same in every step)."""
+    batch.agg_weights = torch.full((len(batch), 1), 1.0 / float(backend.norm_tokens))
+
+
+AGGREGATIONS.register("seq_mean_token_sum_norm", seq_mean_token_sum_norm, spec=AggSpec(prepare=_norm_prepare))

@@ -87,6 +87,16 @@ def _settings(cfg: dict) -> dict[str, Any]:
     return {k: v for k, v in keep.items() if not k.startswith("provenance.") or k.startswith("provenance.model")}
 
 
+def _default(cfg: Root, key: str) -> Any:
+    """The schema's default of ``key`` (``section.name``): a run recorded before an option existed ran with it off, so a
+    key absent from its record equals its default (ABSENT for nested keys)."""
+    from pods.schema import defaults
+
+    head, _, name = key.partition(".")
+    section = getattr(cfg, head, None)
+    return defaults(type(section)).get(name, ABSENT) if hasattr(section, "model_fields") and "." not in name else ABSENT
+
+
 def differences(cfg: Root, prior: dict, world_now: int, world_then: int | None) -> list[str]:
     """The settings of ``prior`` (a run's config.json) that ``cfg`` changes, as ``key=then (now: value)``."""
     from pods.models import ASSET_KEYS
@@ -98,7 +108,7 @@ def differences(cfg: Root, prior: dict, world_now: int, world_then: int | None) 
     out = [
         f"{k}={json.dumps(then.get(k, ABSENT))} (now: {json.dumps(now.get(k, ABSENT))})"
         for k in sorted(set(now) | set(then))
-        if then.get(k, ABSENT) != now.get(k, ABSENT)
+        if then.get(k, ABSENT) != now.get(k, ABSENT) and not (k not in then and now.get(k) == _default(cfg, k))
     ]
     if world_then is not None and world_then != world_now:
         out.append(f"world size={world_then} processes (now: {world_now})")

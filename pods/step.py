@@ -5,6 +5,8 @@ the rule is written once.
 - GRPO / PODS: ``algorithm.m`` of ``algorithm.n`` kept per group; micro-batches of ``hardware.micro_batch_size``.
 - GRPO-GA (``algorithm.grad_accum``): all n kept, trained in micro-batches of ``prompts x algorithm.m`` (the
   paper's "m" is then the micro-batch), one optimizer step.
+- Token-budget micro-batches (``hardware.micro_batch_tokens``): the rows sorted by length and cut by padded tokens
+  (``token_micro_batches``), as many on every rank (``split_to``); ``token_budget_rows`` is the memory estimate's view.
 - D3S (``algorithm.m_final``): the kept count moves from m to m_final along ``algorithm.ramp`` over the run.
 - Which rows: ``select_rows`` (the rule's kept rollouts and their advantages) and ``take_rows`` (the rows this rank
   trains: a whole-step rule such as ``d3s_cross_step`` moves kept rows between ranks so every rank trains as many).
@@ -69,6 +71,44 @@ def step_lr(optim, progress: float, progress_next: float):
     known in advance and the LR stays at this step's). ``optim``: the optim section."""
     schedule = SCHEDULES.get(optim.schedule)
     return lambda f: optim.lr * schedule(progress + f * (progress_next - progress), optim.warmup_ratio)
+
+
+def token_micro_batches(prompt_len: list[int], completion_len: list[int], size: int, budget: int) -> list[list[int]]:
+    """``hardware.micro_batch_tokens``: the rows of each micro-batch (indices into the step's rows). Rows are sorted by
+    total length, longest first (stable), and cut greedily so that a micro-batch holds at most ``size`` rows and its
+    padded tokens, rows x (longest prompt + longest completion in it), stay within ``budget`` (a row longer than the
+    budget goes alone). Each micro-batch is then trimmed to its own longest row (``TrainBatch.trimmed``)."""
+    order = sorted(range(len(prompt_len)), key=lambda i: -(prompt_len[i] + completion_len[i]))
+    cuts: list[list[int]] = []
+    cur, p_max, c_max = [], 0, 0
+    for i in order:
+        p, c = max(p_max, prompt_len[i]), max(c_max, completion_len[i])
+        if cur and (len(cur) >= size or (len(cur) + 1) * (p + max(c, 1)) > budget):
+            cuts.append(cur)
+            cur, p, c = [], prompt_len[i], completion_len[i]
+        cur.append(i)
+        p_max, c_max = p, c
+    return cuts + [cur] if cur else cuts
+
+
+def split_to(cuts: list[list[int]], count: int, cost) -> list[list[int]]:
+    """``cuts`` split until there are ``count`` micro-batches (every rank must run as many forwards: ZeRO-3): the
+    costliest one of at least 2 rows (``cost(rows)``: its padded tokens) is halved, again and again; stops early when
+    every micro-batch is a single row."""
+    cuts = [list(c) for c in cuts]
+    while len(cuts) < count:
+        big = max((c for c in cuts if len(c) > 1), key=cost, default=None)
+        if big is None:
+            break
+        at = cuts.index(big)
+        cuts[at : at + 1] = [big[: len(big) // 2], big[len(big) // 2 :]]
+    return cuts
+
+
+def token_budget_rows(rows: int, tokens: int, budget: int | None) -> int | float:
+    """The rows of a micro-batch of ``rows`` sequences of ``tokens`` tokens under ``hardware.micro_batch_tokens`` (for
+    the memory estimate): at most budget / tokens rows, but never less than one sequence."""
+    return rows if not budget else min(float(rows), max(float(budget), float(tokens)) / float(tokens))
 
 
 def largest_micro_batch(alg, prompts: int, micro_batch_size: int) -> int:

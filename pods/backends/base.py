@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pods.backends.batch import TokenStats, TrainBatch, build_batch, token_stats
+from pods.backends.batch import TokenStats, TrainBatch, budget_rows, build_batch, token_stats
 from pods.backends.gap import GapCheck, add_gap, gap_sums
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
 from pods.progress import bar
@@ -74,6 +74,8 @@ class Updater:
 
     alg: Algorithm
     micro_batch_size: int
+    micro_batch_tokens: int | None = None  # hardware.micro_batch_tokens (set by the subclass; None = micro-batches by rows)
+    norm_tokens: int = 1  # loss_agg seq_mean_token_sum_norm's constant
     device: torch.device = torch.device("cpu")
     gap_check: GapCheck | None = None  # what the sampler gap measures (pods.backends.gap); None: a plain sync check
     rank: int = 0
@@ -102,7 +104,24 @@ class Updater:
         """``gap_sums`` of this rank's rows -> over all ranks (sum, count summed; max maxed): a data-parallel backend's."""
         return sums
 
-    def micro_batches(self, batch: TrainBatch, size: int | None = None):
+    def agree_count(self, count: int) -> int:
+        """The number of micro-batches every rank runs (the largest over ranks: a data-parallel backend's)."""
+        return count
+
+    def micro_batch_rows(self, batch: TrainBatch, size: int | None = None) -> list[torch.Tensor] | None:
+        """``hardware.micro_batch_tokens``: the rows of each micro-batch, as many on every rank (``budget_rows``); None =
+        consecutive chunks of ``size`` rows (today's)."""
+        if not self.micro_batch_tokens or len(batch) == 0:
+            return None
+        return budget_rows(batch, size or self.micro_batch_size, self.micro_batch_tokens, self.agree_count)
+
+    def micro_batches(self, batch: TrainBatch, size: int | None = None, rows: list[torch.Tensor] | None = None):
+        """The micro-batches of ``batch`` on the device: consecutive chunks of ``size`` rows, or (``rows``, from
+        ``micro_batch_rows``) the given rows, each trimmed to its own longest prompt and completion."""
+        rows = self.micro_batch_rows(batch, size) if rows is None else rows
+        if rows is not None:
+            yield from (batch.take(idx).trimmed().to(self.device) for idx in rows)
+            return
         size = size or self.micro_batch_size
         for start in range(0, len(batch), size):
             yield batch.rows(start, start + size).to(self.device)
@@ -115,10 +134,19 @@ class Updater:
     @torch.no_grad()
     def policy_stats(self, batch: TrainBatch, entropy: bool = False) -> TokenStats:
         """Current-policy stats of the whole batch (no grad, CPU, float32), micro-batch by micro-batch: the
-        pre-pass that token selectors and corrections read before the update (one extra forward)."""
-        parts = [self.forward_stats(mb, entropy) for mb in self.micro_batches(batch)]
-        lp = torch.cat([p.logprobs.float().cpu() for p in parts])
-        return TokenStats(lp, torch.cat([p.entropy.float().cpu() for p in parts]) if entropy else None)
+        pre-pass that token selectors and corrections read before the update (one extra forward). Token-budget
+        micro-batches (trimmed, rows reordered) are put back in the batch's row order and width (0 on padding)."""
+        rows = self.micro_batch_rows(batch)
+        parts = [self.forward_stats(mb, entropy) for mb in self.micro_batches(batch, rows=rows)]
+        if rows is None:
+            lp = torch.cat([p.logprobs.float().cpu() for p in parts])
+            return TokenStats(lp, torch.cat([p.entropy.float().cpu() for p in parts]) if entropy else None)
+        lp, ent = torch.zeros(batch.loss_mask.shape), torch.zeros(batch.loss_mask.shape) if entropy else None
+        for idx, p in zip(rows, parts):
+            lp[idx, : p.logprobs.shape[1]] = p.logprobs.float().cpu()
+            if entropy:
+                ent[idx, : p.entropy.shape[1]] = p.entropy.float().cpu()
+        return TokenStats(lp, ent)
 
     def update(self, batch: TrainBatch, lr, micro_batch_size: int | None = None, progress: bool = False) -> dict:
         """The step's optimizer steps: one per mini-batch (``algorithm.mini_batch_size`` rows, ``pods.step``) per
@@ -214,10 +242,12 @@ class Sections:
     optim: Optim
     temperature: float = 1.0
     gap: GapCheck = field(default_factory=GapCheck)  # what the sampler gap measures in this run
+    norm_tokens: int = 1  # loss_agg seq_mean_token_sum_norm's constant (algorithm.loss_norm_tokens or sampling.max_tokens)
 
     @classmethod
     def of(cls, cfg: Root) -> Sections:
-        return cls(cfg.model, cfg.hardware, cfg.algorithm, cfg.optim, loss_temperature(cfg.algorithm, cfg.sampling), GapCheck.of(cfg))
+        norm = cfg.algorithm.loss_norm_tokens or cfg.sampling.max_tokens
+        return cls(cfg.model, cfg.hardware, cfg.algorithm, cfg.optim, loss_temperature(cfg.algorithm, cfg.sampling), GapCheck.of(cfg), norm)
 
 
 class Backend(Updater, ABC):
@@ -236,8 +266,10 @@ class Backend(Updater, ABC):
         self.model_dir = model_dir  # the base the policy was loaded from (what a LoRA final/ needs)
         self.model_cfg, self.hw, self.alg, self.optim_cfg = cfg.model, cfg.hardware, cfg.algorithm, cfg.optim
         self.micro_batch_size = cfg.hardware.micro_batch_size
+        self.micro_batch_tokens = cfg.hardware.micro_batch_tokens
         self.temperature = cfg.temperature
         self.gap_check = cfg.gap
+        self.norm_tokens = cfg.norm_tokens
         self.chunk_tokens = cfg.hardware.logprob_chunk_tokens  # rows per chunk of the loss's log-softmax
 
     @classmethod

@@ -12,6 +12,7 @@ import torch
 
 from pods.losses import chunked_token_stats
 from pods.models import unwrap
+from pods.step import split_to, token_micro_batches
 
 
 @dataclass
@@ -75,6 +76,34 @@ class TrainBatch:
             out[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
         return TrainBatch(**out)
 
+    def take(self, idx: torch.Tensor) -> TrainBatch:
+        """The rows ``idx`` ([k] long), in that order."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TrainBatch(**{k: v.index_select(0, idx) if isinstance(v, torch.Tensor) else v for k, v in out.items()})
+
+    def trimmed(self) -> TrainBatch:
+        """The same rows trimmed to their own longest prompt (left columns) and completion (right columns): the columns
+        dropped are padding on every row (attention 0, out of the loss). Positions come from the attention mask's
+        cumulative sum (``token_stats``), so every kept token keeps its position and its log-prob up to rounding."""
+        P, C = self.prompt_width, self.loss_mask.shape[1]
+        p = int(self.attention_mask[:, :P].sum(1).max())
+        c = max(1, int(self.attention_mask[:, P:].sum(1).max()))
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                v = v[:, P - p : P + c]
+            elif isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == C:
+                v = v[:, :c]
+            out[f.name] = v
+        out["prompt_width"] = p
+        return TrainBatch(**out)
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's prompt and completion length in tokens: ([B], [B]) long."""
+        P = self.prompt_width
+        return self.attention_mask[:, :P].sum(1), self.attention_mask[:, P:].sum(1)
+
     def to(self, device) -> TrainBatch:
         return TrainBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
 
@@ -104,3 +133,13 @@ def build_batch(
         sampler_logprobs=torch.tensor(slp),
         group=torch.tensor(groups, dtype=torch.long) if groups is not None else None,
     )
+
+
+def budget_rows(batch: TrainBatch, size: int, budget: int, agree=lambda k: k) -> list[torch.Tensor]:
+    """The rows of each token-budget micro-batch of ``batch`` (``pods.step.token_micro_batches``: sorted by length, at
+    most ``size`` rows and ``budget`` padded tokens each), split further (``pods.step.split_to``) to the count
+    ``agree(count)`` returns, the largest over ranks under ZeRO, so that every rank runs as many forwards."""
+    p_len, c_len = (t.tolist() for t in batch.lengths())
+    cuts = token_micro_batches(p_len, c_len, size, budget)
+    cost = lambda rows: len(rows) * (max(p_len[i] for i in rows) + max(c_len[i] for i in rows))  # noqa: E731
+    return [torch.tensor(c, dtype=torch.long) for c in split_to(cuts, agree(len(cuts)), cost)]

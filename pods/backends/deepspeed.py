@@ -155,6 +155,11 @@ class DeepSpeedBackend(Backend):
         world = torch.distributed.get_world_size()
         return float(totals[0]) / world, float(totals[1]) / world
 
+    def agree_count(self, count: int) -> int:
+        top = torch.tensor([count], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+        return int(top)
+
     def gap_totals(self, sums: torch.Tensor) -> torch.Tensor:
         total, top = sums[:2].to(self.device), sums[2:].to(self.device)
         torch.distributed.all_reduce(total)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pods.architectures import head_dim, parameter_count
 from pods.engines.memory import DTYPE_BYTES, seq_tokens
-from pods.step import largest_micro_batch
+from pods.step import largest_micro_batch, token_budget_rows
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # bitsandbytes NF4, double quantisation: codes + an 8-bit scale per 64 + fp32 per 256 blocks
 ADAM8_BYTES = 2 + 2 * 4 / 256  # bitsandbytes 8-bit AdamW: two uint8 states + fp32 scales per block of 256
@@ -125,16 +125,17 @@ def activation_lines(cfg, arch: dict) -> list[tuple[str, float, str, str]]:
     mb = largest_micro_batch(cfg.algorithm, cfg.train.prompts_per_step, hw.micro_batch_size)
     p_len, c_len = seq_tokens(cfg)
     T = p_len + c_len
+    mb = token_budget_rows(mb, T, hw.micro_batch_tokens)  # hardware.micro_batch_tokens: fewer full-length rows at once
     tok = mb * T
     per_layer = layer_saved_bytes(arch, a, full=not lora, lora=(lora_targets(hw), hw.lora.r) if lora else None)
     mask = mb * T * T * a  # SDPA's float copy of the boolean padding mask, made (and kept for backward) per layer
     outside = tok * (4 * H + 2 * a * H * (not lora)) + mb * c_len * a * H  # final norm; the loss rows' hidden states, copied
     grads = tok * a * (2 * F + 2 * H)  # a layer's backward: gradients of its MLP and residual stream
     if hw.gradient_checkpointing:
-        saved, how = L * tok * a * H, f"checkpointed: {L} layer inputs x {tok} tokens x {a} B x {H}"
+        saved, how = L * tok * a * H, f"checkpointed: {L} layer inputs x {tok:.0f} tokens x {a} B x {H}"
         work, whow = tok * per_layer + mask + grads, "one layer recomputed, its mask and gradients"
     else:
-        saved, how = L * (tok * per_layer + mask), f"{L} layers x {tok} tokens x {per_layer / 1e3:.1f} kB + a {T}x{T} mask each"
+        saved, how = L * (tok * per_layer + mask), f"{L} layers x {tok:.0f} tokens x {per_layer / 1e3:.1f} kB + a {T}x{T} mask each"
         work, whow = grads, "a layer's gradients"
     chunk = hw.logprob_chunk_tokens
     rows = min(int(chunk), mb * c_len) if chunk else mb * c_len
@@ -144,7 +145,7 @@ def activation_lines(cfg, arch: dict) -> list[tuple[str, float, str, str]]:
         (
             "loss logits",
             rows * V * 4 * LOSS_FP32_COPIES,
-            f"{rows} rows x {V} x 4 B x {LOSS_FP32_COPIES}" + ("" if chunk else " (one chunk)"),
+            f"{rows:.0f} rows x {V} x 4 B x {LOSS_FP32_COPIES}" + ("" if chunk else " (one chunk)"),
             "max",
         ),
     ]

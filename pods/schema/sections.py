@@ -102,11 +102,15 @@ class Train(Section):
     resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
     save_final: bool = False
     sampler_gap_warn: PosF | None = None  # warn above this mean |trainer - sampler| log-prob gap; null = by dtype (pods.backends.gap)
+    # dynamic sampling (DAPO; pods.refill, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
+    group_filter: Literal["none", "nonzero_std"] = "none"
+    refill_batches: Annotated[int, Field(ge=0)] = 0  # extra prompt batches generated at most per step to refill dropped groups
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:
         need(self.prompts_per_step % self.group_repeats == 0, "train.group_repeats must divide train.prompts_per_step")
         need(self.max_steps or self.time_budget_s, "set train.max_steps or train.time_budget_s (or both)")
+        need(not self.refill_batches or self.group_filter != "none", "train.refill_batches needs train.group_filter (nonzero_std)")
         return self
 
 
@@ -266,6 +270,7 @@ class Hardware(Section):
     finetune: Literal["full", "lora"] = "full"
     lora: Lora = Lora()
     micro_batch_size: Pos = 64  # sequences per forward/backward (per rank): memory only, gradients are identical
+    micro_batch_tokens: Pos | None = None  # rows sorted by length, cut at this many padded tokens, each trimmed to its longest; null = off
     logprob_chunk_tokens: Pos | None = None  # tokens per chunk of the fp32 log-softmax over the vocabulary; null = one chunk
     gradient_checkpointing: bool = False
     gpu_memory_gb: PosF | None = None  # one card's memory, GB (1e9 B): pods.memory refuses a CUDA run that would not fit; null = unchecked
@@ -319,6 +324,11 @@ class Algorithm(Section):
     token_keep_final: Frac | None = None
     ramp: str = "linear"  # pods.schedules.RAMPS: value = (1 - r(p)) init + r(p) final
     sparse_rl: SparseRl = SparseRl()  # read by correction=sparse_rl only
+    # overlong handling and Dr.GRPO (docs/knobs.md)
+    mask_truncated: bool = False  # rows cut at sampling.max_tokens leave the loss (DAPO's overlong filtering)
+    overlong_buffer: Pos | None = None  # DAPO's soft overlong punishment: a linear penalty over the last this many tokens; null = off
+    overlong_penalty: NonNegF = 1.0  # the penalty at the limit (a reward term "overlong" in [-overlong_penalty, 0])
+    loss_norm_tokens: Pos | None = None  # loss_agg seq_mean_token_sum_norm's constant; null = sampling.max_tokens
 
     @model_validator(mode="after")
     def _counts(self) -> Algorithm:
@@ -379,6 +389,12 @@ class Root(Section):
     def _sampling(self) -> Root:
         t = self.sampling.temperature  # the training run's rollouts: the loss divides the logits by it (eval may be greedy)
         need(t > 0, f"sampling.temperature must be > 0, got {t!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _overlong(self) -> Root:
+        buf, top = self.algorithm.overlong_buffer, self.sampling.max_tokens
+        need(buf is None or buf < top, f"algorithm.overlong_buffer ({buf}) must be < sampling.max_tokens ({top})")
         return self
 
     @model_validator(mode="after")

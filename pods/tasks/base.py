@@ -89,6 +89,14 @@ def score_batch(
     return [r.value if r.status == "ok" else zero_score(recipe_fn, r.status == "timeout", str(r.value)) for r in results]
 
 
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al., arXiv 2503.14476, eq. 13) as a reward term: 0 for a completion of at
+    most ``max_tokens - buffer`` tokens, then falling linearly to ``-penalty`` at ``max_tokens`` (``sampling.max_tokens``,
+    where generation stops): -penalty x (length - (max_tokens - buffer)) / buffer, clipped to [-penalty, 0]."""
+    over = length - (max_tokens - buffer)
+    return -penalty * min(over / buffer, 1.0) if over > 0 else 0.0
+
+
 def zero_score(recipe_fn: Callable, timed_out: bool, error: str) -> Score:
     """All of the recipe's terms at 0 (the term names come from scoring an empty completion)."""
     terms = recipe_fn("", "", lambda completion, gold: (False, None)).terms

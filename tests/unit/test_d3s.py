@@ -294,11 +294,12 @@ def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, rule, ti
     """Records what the loop scores and builds: the batch's advantages are the FULL-group ones of the rows the
     rule picked from them (no re-normalisation), N follows the schedule, and the token metrics are logged."""
     import pods.loop as loop
+    import pods.refill as refill  # where the loop's steps (2)-(3) generate and score
     from pods.metrics import read_metrics
 
     seen = {"rewards": [], "adv": []}
-    score, build = loop.score_batch, loop.build_batch
-    monkeypatch.setattr(loop, "score_batch", lambda *a, **k: seen["rewards"].append(r := score(*a, **k)) or r)
+    score, build = refill.score_batch, loop.build_batch
+    monkeypatch.setattr(refill, "score_batch", lambda *a, **k: seen["rewards"].append(r := score(*a, **k)) or r)
     monkeypatch.setattr(loop, "build_batch", lambda *a, **k: seen["adv"].append(torch.as_tensor(a[3])) or build(*a, **k))
     cfg = shrink(compose([f"algorithm={alg}", f"algorithm.rule={rule}", "algorithm.n=8", "algorithm.m=2", "algorithm.m_final=6"]), steps=2)
     loop.train(cfg, tmp_path)
