@@ -37,11 +37,11 @@ def model_tok(tiny_dir):
 
 
 def _prompts(tok) -> list[list[int]]:
-    """Six chat prompts of 4 different lengths."""
+    """Six chat prompts of 4 different lengths, shortest first (the engine's batch order: ``kept_log`` rows follow it)."""
     qs = ["What is 1 + 2?", "What is 12 + 34? Answer briefly.", "Add 99 and 99, then add 7 to the sum.", "What is 5 + 5?"]
     qs += ["Compute 123 + 456 + 789 and give the answer as 'Answer: N'.", "What is 12 + 34? Answer briefly."]
     msgs = [[{"role": "user", "content": q}] for q in qs]
-    return [list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)) for m in msgs]
+    return sorted((list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)) for m in msgs), key=len)
 
 
 def _engine(model, tok, tiny_dir, **kw):
