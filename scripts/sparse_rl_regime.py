@@ -128,6 +128,96 @@ def sweep(out: Path, repeats: int) -> list[dict]:
     return rows
 
 
+DOSE = [
+    "setting",
+    "W_or_budget",
+    "keep_prompt",
+    "kv_saving",
+    "mismatch_kl",
+    "sampler_acc_ratio",
+    "trained_kv_saving",
+    "trained_mismatch_kl",
+]
+DOSE += ["dense_final", "sparse_rl_ratio", "sparse_rl_own_engine_ratio", "uncorrected_ratio", "seeds", "dense_source", "note"]
+SEVERE = "cut prompt: sink_window 28/2 (long runs)"
+
+
+def _arm_means(rows: list[dict]) -> dict:
+    """Per arm: mean final accuracy under the dense engine and under its own, peak-KV saving, mismatch KL, seeds."""
+    out = {}
+    for arm in ("dense", "sparse", "sparse_rl"):
+        rs = [r for r in rows if r["arm"] == arm]
+        if rs:
+            m = {k: statistics.fmean(float(r[k]) for r in rs) for k in ("acc_final_dense_engine", "acc_final", "kv_saving_peak")}
+            kls = [float(r["mismatch_kl"]) for r in rs if r.get("mismatch_kl") not in (None, "")]
+            out[arm] = m | {"mismatch_kl": statistics.fmean(kls) if kls else None, "seeds": len(rs)}
+    return out
+
+
+def dose_response(out: Path, rows: list[dict]) -> list[dict]:
+    """presweep.csv's rows joined with the trained arms: the regime runs at their W, the long runs (the severe end)."""
+    import csv
+
+    from pods.results.report import write_csv
+
+    sweep_rows = list(csv.DictReader((out / "presweep.csv").open()))
+    long_rows = list(csv.DictReader((OUT.parent / "long" / "summary.csv").open()))
+    trained = {"keep_prompt W=20": (_arm_means(rows), "regime"), SEVERE: (_arm_means(long_rows), "long")}
+    if "dense" not in trained["keep_prompt W=20"][0]:  # the pre-registered fallback: the long comparison's dense arm
+        trained["keep_prompt W=20"][0]["dense"] = _arm_means(long_rows)["dense"]
+        trained["keep_prompt W=20"] = (trained["keep_prompt W=20"][0], "long (same experiment file and seeds)")
+    dose = []
+    for r in sweep_rows:
+        row = {k: r[k] for k in ("setting", "W_or_budget", "keep_prompt", "kv_saving", "mismatch_kl", "sampler_acc_ratio")}
+        arms, source = trained.get(r["setting"], ({}, ""))
+        if "dense" in arms and "sparse_rl" in arms:
+            d, srl = arms["dense"]["acc_final_dense_engine"], arms["sparse_rl"]
+            row |= {
+                "dense_final": d,
+                "sparse_rl_ratio": srl["acc_final_dense_engine"] / d,
+                "sparse_rl_own_engine_ratio": srl["acc_final"] / d,
+            }
+            row |= {"trained_kv_saving": srl["kv_saving_peak"], "trained_mismatch_kl": srl["mismatch_kl"], "dense_source": source}
+            row["uncorrected_ratio"] = arms["sparse"]["acc_final_dense_engine"] / d if "sparse" in arms else None
+            row["seeds"] = "/".join(str(arms[a]["seeds"]) for a in ("dense", "sparse", "sparse_rl") if a in arms)
+        row["note"] = (
+            "the severe end (results/cpu/sparse_rl/long)"
+            if r["setting"] == SEVERE
+            else ("trained (this folder)" if source == "regime" or "W=20" in r["setting"] else "")
+        )
+        dose.append(row)
+    write_csv(dose, out / "dose_response.csv", DOSE)
+    _plot_dose(dose, out / "dose_response.png")
+    return dose
+
+
+def _plot_dose(dose: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for keep, marker, label in ((True, "o-", "sampler, prompt kept (window W)"), (False, "s", "sampler, prompt cut (budget)")):
+        pts = sorted(
+            (float(r["kv_saving"]), float(r["sampler_acc_ratio"]), r["W_or_budget"]) for r in dose if (r["keep_prompt"] == "True") == keep
+        )
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color="C0" if keep else "C7", label=label)
+        for x, y, w in pts:
+            ax.annotate(f"{'W' if keep else 'b'}={w}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for key, color, label in (("sparse_rl_ratio", "C2", "Sparse-RL, trained"), ("uncorrected_ratio", "C3", "uncorrected, trained")):
+        pts = [(float(r["trained_kv_saving"]), float(r[key])) for r in dose if r.get(key) not in (None, "")]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "D", color=color, ms=7, label=f"{label} (final policy, dense engine)")
+    ax.axhline(0.9, color="k", lw=0.6, ls="--")
+    ax.axvline(0.35, color="k", lw=0.6, ls=":")
+    ax.set(xlabel="peak KV saving per sequence", ylabel="accuracy / dense (T = 1)", title="toy_long, tiny Qwen2: accuracy vs KV saving")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["sweep", "run", "final", "report"])
@@ -147,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "run":  # the sparse arms seed by seed, then the dense arm (the long comparison's, rerun)
         order = [(a, s) for s in args.seeds for a in ("sparse_rl", "sparse")] + [("dense", s) for s in args.seeds]
         long.run_jobs([long._job(a, s, args.runs) for a, s in order], 1, args.out / "load.txt")
+    elif args.what == "report":
+        for row in dose_response(args.out, long.report(args.out, args.runs)):
+            print({k: v for k, v in row.items() if v not in (None, "")})
     else:
         long.main([args.what, "--seeds", *map(str, args.seeds), "--jobs", "1", "--runs", str(args.runs), "--out", str(args.out)])
 
