@@ -1,4 +1,4 @@
-"""Benchmark the compressed-KV sampler's batching (``rollout.pad``, issue 30) on the tiny model (CPU): 32 prompts of
+"""Benchmark the compressed-KV sampler's batching (``rollout.pad``) on the tiny model (CPU): 32 prompts of
 different lengths x 8 samples, decoded in batches of equal prompt length (``pad: false``, the earlier engine) or in
 left-padded batches of any length (``pad: true``).
 

@@ -1,4 +1,4 @@
-"""Sparse-RL in the release's regime on CPU (issue 30): the prompt kept whole, only the decoded reasoning compressed.
+"""Sparse-RL in the release's regime on CPU: the prompt kept whole, only the decoded reasoning compressed.
 
     python scripts/sparse_rl_regime.py sweep                    # before training: the sampler at each window W (seconds)
     python scripts/sparse_rl_regime.py run [--seeds 1 2 3]      # dense, uncorrected and Sparse-RL, one run at a time

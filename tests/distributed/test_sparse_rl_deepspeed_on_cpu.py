@@ -5,7 +5,7 @@ log-probs = the dense policy's + fixed noise (one row vetoed), runs the correcti
 both ranks' valid tokens) and one optimizer step. One process with ``LocalBackend`` and the whole batch must
 reach the same mask, metrics and weights (tests/support/harness.py).
 
-Issue 32 item 0b: ``rollout=sparse_hf`` trains on 2 ZeRO-3 ranks from the command line. Every ZeRO-3 forward gathers
+``rollout=sparse_hf`` trains on 2 ZeRO-3 ranks from the command line. Every ZeRO-3 forward gathers
 parameters from all ranks, so the compressed-KV sampler decodes in lockstep (as many batches and forward calls on
 every rank: a rank whose batch is done keeps stepping without sampling, a rank with fewer batches decodes a filler
 batch); before, the ranks' different numbers of forwards hung the run (gloo: a size mismatch or a hang; measured

@@ -87,7 +87,7 @@ def test_rkv_compression_as_released():
     r = compose(["experiment=sparse_rl_qwen2_5_3b_rkv"])["rollout"]
     got = (r["method"], r["budget"] - r["interval"], r["interval"], r["window"], r["kernel"], r["mix_alpha"])
     assert got == ("rkv", 512, 128, 8, 7, 0.1)
-    # issue 30: the release's timing (sglang-kvc radix_attention.need_compress / compress): every 128th decode step once
+    # the release's timing (sglang-kvc radix_attention.need_compress / compress): every 128th decode step once
     # the sequence passes 512, never at the prefill, prompt positions scored too, one kept set for every layer
     got = (r["cadence"], r["compress_after"], r["keep_prompt"], r["shared_set"], r["pad"])
     assert got == ("steps", 512, False, True, True)

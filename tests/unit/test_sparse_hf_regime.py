@@ -1,4 +1,4 @@
-"""The compressed-KV engine's release-regime options and its padded batches (issue 30), on the tiny model:
+"""The compressed-KV engine's release-regime options and its padded batches, on the tiny model:
 
 - ``pad``: prompts of different lengths in one left-padded batch decode the same greedy tokens as batches of equal
   length (no padding), with log-probs within 5e-4 (float32: the padded attention and batch shapes sum in another order; measured up to 1.4e-4), for every
