@@ -190,7 +190,15 @@ def test_recipe_algorithm_runs_on_cpu(tiny_dir, tmp_path):
     from support.config import shrink
 
     over = ["model=tiny", "model.name=tiny", "model.path=null", "hardware=cpu", "dataset=toy_arith", "dataset.max_prompt_length=128"]
-    small = ["rollout.budget=24", "rollout.interval=4", "rollout.window=4", "algorithm.n=4", "algorithm.m=4", "algorithm.mini_batch_size=4"]
+    small = [
+        "rollout.budget=24",
+        "rollout.interval=4",
+        "rollout.window=4",
+        "rollout.compress_after=24",
+        "algorithm.n=4",
+        "algorithm.m=4",
+        "algorithm.mini_batch_size=4",
+    ]
     cfg = shrink(compose(["experiment=sparse_rl_qwen2_5_3b_rkv", *over, *small]), steps=2)
     cfg["eval"]["at_start"] = False
     train(cfg, tmp_path)
