@@ -163,7 +163,8 @@ def dose_response(out: Path, rows: list[dict]) -> list[dict]:
     sweep_rows = list(csv.DictReader((out / "presweep.csv").open()))
     long_rows = list(csv.DictReader((OUT.parent / "long" / "summary.csv").open()))
     trained = {"keep_prompt W=20": (_arm_means(rows), "regime"), SEVERE: (_arm_means(long_rows), "long")}
-    if "dense" not in trained["keep_prompt W=20"][0]:  # the pre-registered fallback: the long comparison's dense arm
+    regime = trained["keep_prompt W=20"][0]
+    if regime.get("dense", {}).get("seeds", 0) < regime.get("sparse_rl", {}).get("seeds", 0):  # the pre-registered fallback
         trained["keep_prompt W=20"][0]["dense"] = _arm_means(long_rows)["dense"]
         trained["keep_prompt W=20"] = (trained["keep_prompt W=20"][0], "long (same experiment file and seeds)")
     dose = []
