@@ -57,9 +57,12 @@ def cache_sizes(prompt: int, completion: int, budget: int | None = None, interva
     return sizes
 
 
-def kv_stats(prompts: list[int], completions: list[int], budget: int | None, interval: int, per_token: int) -> dict:
-    """Mean over sequences of the peak and of the mean KV bytes per sequence (all layers, keys + values)."""
-    sizes = [cache_sizes(p, c, budget, interval) for p, c in zip(prompts, completions)]
+def kv_stats(
+    prompts: list[int], completions: list[int], budget: int | None, interval: int, per_token: int, keep_prompt: bool = False
+) -> dict:
+    """Mean over sequences of the peak and of the mean KV bytes per sequence (all layers, keys + values);
+    ``keep_prompt``: the budget counts decoded tokens only (``rollout.keep_prompt``)."""
+    sizes = [cache_sizes(p, c, None if budget is None else budget + p * keep_prompt, interval) for p, c in zip(prompts, completions)]
     return {
         "kv_peak": per_token * statistics.fmean(max(s) for s in sizes),
         "kv_mean": per_token * statistics.fmean(statistics.fmean(s) for s in sizes),
@@ -141,7 +144,7 @@ def final(run_dir: Path) -> dict:
         lens = [len(c) for c in r.completion_ids]
         budget = ro["budget"] if sparse and name == "own" else None
         out[name] = {"accuracy": res["accuracy"], "n_eval": res["n_eval"], "mean_length": res["mean_length"]}
-        out[name].update(kv_stats(prompts, lens, budget, ro.get("interval", 1), per_token))
+        out[name].update(kv_stats(prompts, lens, budget, ro.get("interval", 1), per_token, bool(ro.get("keep_prompt"))))
         out[name].update({f"dense_{k}": v for k, v in kv_stats(prompts, lens, None, 1, per_token).items()})
         if name == "own" and sparse:
             out[name]["engine_kv_peak"] = r.metrics["kv_bytes_sparse"]  # the engine's own count, for a check

@@ -82,40 +82,54 @@ class SparseHFEngine(PolicyEngine):
 
     @classmethod
     def kv_cache(cls, cfg):
-        """At most ``max_batch`` sequences per batch, each holding at most max(budget, prompt) tokens."""
+        """At most ``max_batch`` sequences per batch, each holding at most max(budget, prompt) tokens (``keep_prompt``:
+        prompt + budget; ``cadence: steps`` may pass the budget by up to an interval before its first compression)."""
         ro = cfg.rollout
-        return lambda seqs, prompt, completion: (min(ro.max_batch, seqs), max(ro.budget, prompt))
+        if ro.keep_prompt:
+            return lambda seqs, prompt, completion: (min(ro.max_batch, seqs), prompt + ro.budget)
+        late = ro.interval if ro.cadence == "steps" else 0
+        return lambda seqs, prompt, completion: (min(ro.max_batch, seqs), max(ro.budget, ro.compress_after + late, prompt + late))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         rows = [i for i in range(len(prompts)) for _ in range(n)]
-        order = sorted(range(len(rows)), key=lambda j: len(prompts[rows[j]]))  # equal lengths batch together
-        batches, cur = [], []
-        for j in order:
-            if cur and (len(cur) >= self.max_batch or len(prompts[rows[cur[0]]]) != len(prompts[rows[j]])):
-                batches.append(cur)
-                cur = []
-            cur.append(j)
-        batches += [cur] if cur else []
+        lockstep = _zero3(self.policy)  # every forward gathers parameters from all ranks: same calls on every rank
+        batches = self._batches([len(prompts[i]) for i in rows], pad=self.cfg.pad or lockstep)
+        if lockstep:  # as many batches on every rank; a rank with fewer decodes a filler batch and drops it
+            batches += [None] * (_all_ranks(len(batches), torch.distributed.ReduceOp.MAX, self.policy) - len(batches))
         out = [None] * len(rows)
         was_training = self.policy.training
         self.policy.eval()
         self.kept_log = []
         for b in bar(batches, desc="generate (sparse kv)", leave=False, disable=not progress):
-            for j, res in zip(b, self._generate_rows([prompts[rows[j]] for j in b], sampling)):
+            batch = [prompts[rows[j]] for j in b] if b is not None else [prompts[0] if prompts else [self.tok.eos_token_id or 0]]
+            for j, res in zip(b or [], self._generate_rows(batch, sampling, lockstep)):
                 out[j] = res
         self.policy.train(was_training)
-        ids, lps, reasons, dense, sparse = (list(x) for x in zip(*out))
+        ids, lps, reasons, dense, sparse = (list(x) for x in zip(*out)) if out else ([],) * 5
         hf = unwrap(self.policy).config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         per_token = 2 * hf.num_hidden_layers * kv_heads * head_dim * next(self.policy.parameters()).element_size()
-        metrics = {"kv_bytes_dense": per_token * sum(dense) / len(dense), "kv_bytes_sparse": per_token * sum(sparse) / len(sparse)}
+        metrics = {
+            "kv_bytes_dense": per_token * sum(dense) / max(len(dense), 1),
+            "kv_bytes_sparse": per_token * sum(sparse) / max(len(sparse), 1),
+        }
         metrics["kv_saving"] = 1 - metrics["kv_bytes_sparse"] / max(metrics["kv_bytes_dense"], 1e-9)
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)
         return Rollouts(prompt_ids=prompts, completion_ids=ids, texts=texts, logprobs=lps, finish_reasons=reasons, n=n, metrics=metrics)
+
+    def _batches(self, lengths: list[int], pad: bool) -> list[list[int]]:
+        """Row indices by prompt length, at most ``max_batch`` per batch; without ``pad`` only equal lengths together."""
+        batches, cur = [], []
+        for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+            if cur and (len(cur) >= self.max_batch or (not pad and lengths[cur[0]] != lengths[j])):
+                batches.append(cur)
+                cur = []
+            cur.append(j)
+        return batches + ([cur] if cur else [])
 
     def _query_hooks(self, model, queries: list):
         """Hooks that keep each layer's last ``window`` post-RoPE queries in ``queries[layer]``."""
@@ -135,44 +149,90 @@ class SparseHFEngine(PolicyEngine):
             handles.append(attn.register_forward_pre_hook(grab, with_kwargs=True))
         return handles
 
-    def _compress(self, cache, kept: list, queries: list) -> None:
-        keep = self.cfg.budget - self.cfg.interval
-        for li, layer in enumerate(cache.layers):
-            idx = self.method(layer.keys, queries[li], keep, self.cfg)  # [B, keep]
-            gi = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys, layer.values = layer.keys.gather(2, gi), layer.values.gather(2, gi)
-            kept[li] = kept[li].gather(1, idx)
+    def _due(self, n: torch.Tensor, base: torch.Tensor, p: torch.Tensor, t: int) -> torch.Tensor:
+        """Rows [B] bool to compress before feeding decoded token t: ``n`` [B] cached entries, ``base`` [B] of them never
+        evicted (the prompt under ``keep_prompt``), ``p`` [B] prompt lengths. The counted entries c = n - base."""
+        c, cfg = n - base, self.cfg
+        due = c + 1 > cfg.budget if cfg.cadence == "budget" else torch.full_like(c, (t + 1) % cfg.interval == 0, dtype=torch.bool)
+        length = t + 1 + (0 if cfg.keep_prompt else p)  # the sequence once token t is fed (decoded tokens only under keep_prompt)
+        return due & (length > cfg.compress_after) & (c > cfg.budget - cfg.interval)
 
-    def _generate_rows(self, prompts: list[list[int]], s: Sampling) -> list[tuple]:
+    def _compress(self, cache, kept: list, queries: list, n: torch.Tensor, base: torch.Tensor, due: torch.Tensor) -> torch.Tensor:
+        """Cut the ``due`` rows to ``base + budget - interval`` entries, in place; the new ``n`` [B].
+
+        Row b's n[b] entries sit right-aligned in every layer's keys / values [B, H_kv, L, D] (padding on the left);
+        the policy scores the last n[b] - base[b] of them (rows of equal (n, base) in one call). ``kept[li]`` [B, L]:
+        absolute positions (-1: padding), gathered alongside. With ``shared_set`` layer 0's choice serves every layer."""
+        keep, L = self.cfg.budget - self.cfg.interval, cache.layers[0].keys.shape[2]
+        new_n = torch.where(due, base + keep, n)
+        L2, B = int(new_n.max()), n.shape[0]
+        ar = torch.arange(L2, device=n.device)
+        # rows left as they are: entry j of the new row is entry j + (L - n) - (L2 - n) of the old one
+        plain = (ar[None] + (L - L2)).clamp(0, L - 1).expand(B, -1)
+        layers = range(1 if self.cfg.shared_set else len(cache.layers))
+        src = [plain.clone() for _ in layers]
+        for m, b0 in {(int(n[b]), int(base[b])) for b in due.nonzero().flatten().tolist()}:
+            g = (due & (n == m) & (base == b0)).nonzero().flatten()
+            whole = len(g) == B and m == L and b0 == 0  # the unpadded batch: today's call on the cache itself
+            for li in layers:
+                k = cache.layers[li].keys if whole else cache.layers[li].keys[g, :, L - m + b0 :]
+                q = queries[li] if whole or queries[li] is None else queries[li][g]
+                idx = self.method(k, q, keep, self.cfg) + (L - m + b0)  # [G, keep], into the old L
+                front = torch.arange(L - m, L - m + b0, device=n.device).expand(len(g), -1)
+                src[li][g, L2 - b0 - keep :] = torch.cat([front, idx], dim=1)
+        for li, layer in enumerate(cache.layers):
+            s = src[0 if self.cfg.shared_set else li]
+            gi = s[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, gi), layer.values.gather(2, gi)
+            kept[li] = torch.where(ar[None] >= L2 - new_n[:, None], kept[li].gather(1, s), -1)
+        return new_n
+
+    def _generate_rows(self, prompts: list[list[int]], s: Sampling, lockstep: bool = False) -> list[tuple]:
+        """One batch, left-padded when lengths differ: per row (tokens, log-probs, finish, dense peak, sparse peak)."""
         from transformers import DynamicCache
 
         model = unwrap(self.policy)
         device = next(self.policy.parameters()).device
-        B, P = len(prompts), len(prompts[0])
-        ids = torch.tensor(prompts, device=device)
+        p = torch.tensor([len(x) for x in prompts], device=device)
+        B, P = len(prompts), int(p.max())
+        ids = torch.tensor([[0] * (P - len(x)) + x for x in prompts], device=device)
+        pos = (torch.arange(P, device=device)[None] - (P - p)[:, None]).clamp(min=0)  # [B, P], padding at 0
+        real = torch.arange(P, device=device)[None] >= (P - p)[:, None]  # [B, P]: not padding
         cache, queries = DynamicCache(), [None] * model.config.num_hidden_layers
         handles = self._query_hooks(model, queries) if KV_POLICIES.spec(self.cfg.method).needs_queries else []
-        kept = [torch.arange(P, device=device).expand(B, -1) for _ in queries]  # absolute positions per layer
+        kept = [torch.where(real, pos, -1) for _ in queries]  # absolute positions per layer, -1 = padding
+        n, base = p.clone(), p.clone() if self.cfg.keep_prompt else torch.zeros_like(p)
         toks, lps = [], []
         done = torch.zeros(B, dtype=torch.bool, device=device)
-        peak = torch.full((B,), P, dtype=torch.long)
+        peak = p.cpu().clone()
+        stops = torch.tensor(sorted(self.stop_ids), device=device)
         try:
-            logits = self.policy(input_ids=ids, position_ids=kept[0], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            mask = real.long() if bool((p != P).any()) else None
+            out = self.policy(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]
             for t in range(s.max_tokens):
-                tok, lp = _sample(logits, s)
-                toks.append(tok)
-                lps.append(lp)
-                done |= torch.isin(tok, torch.tensor(sorted(self.stop_ids), device=device))
-                if bool(done.all()) or t == s.max_tokens - 1:
+                live = not bool(done.all())  # under lockstep a finished batch keeps stepping without sampling
+                if live:
+                    tok, lp = _sample(logits, s)
+                    toks.append(tok)
+                    lps.append(lp)
+                    done |= torch.isin(tok, stops)
+                finished = bool(done.all()) or t == s.max_tokens - 1
+                if _all_ranks(int(finished), torch.distributed.ReduceOp.MIN, self.policy) if lockstep else finished:
                     break
-                if cache.get_seq_length() + 1 > self.cfg.budget:
-                    self._compress(cache, kept, queries)
-                pos = torch.full((B, 1), P + t, device=device)
-                kept = [torch.cat([k, pos], dim=1) for k in kept]
+                if not finished:
+                    due = self._due(n, base, p, t)
+                    if bool(due.any()):
+                        n = self._compress(cache, kept, queries, n, base, due)
+                    kept = [torch.cat([k, (p + t)[:, None]], dim=1) for k in kept]
+                    n = n + 1
                 if self.record:
                     self.kept_log.append([k.clone() for k in kept])
-                logits = self.policy(input_ids=tok.unsqueeze(1), position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
-                peak = torch.where(done.cpu(), peak, torch.maximum(peak, torch.tensor(cache.get_seq_length())))
+                mask = _decode_mask(cache.layers[0].keys.shape[2], n)
+                logits = self.policy(
+                    input_ids=tok.unsqueeze(1), attention_mask=mask, position_ids=(p + t)[:, None], past_key_values=cache, use_cache=True
+                ).logits[:, -1]
+                peak = torch.where(done.cpu(), peak, torch.maximum(peak, n.cpu()))
         finally:
             for h in handles:
                 h.remove()
@@ -181,5 +241,28 @@ class SparseHFEngine(PolicyEngine):
         for b in range(B):
             end = next((i for i, x in enumerate(toks[b]) if x in self.stop_ids), None)
             keep = len(toks[b]) if end is None else end + 1
-            out.append((toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", P + keep - 1, int(peak[b])))
+            out.append((toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", int(p[b]) + keep - 1, int(peak[b])))
         return out
+
+
+def _decode_mask(L: int, n: torch.Tensor) -> torch.Tensor | None:
+    """The 2-D attention mask [B, L + 1] of one decoding forward (L cached entries, row b's n[b] - 1 of them real and
+    right-aligned, then the fed token); None when no row has padding (the unpadded batch's call)."""
+    if not bool((n != L + 1).any()):
+        return None
+    old = torch.arange(L, device=n.device)[None] >= (L - n + 1)[:, None]
+    return torch.cat([old, torch.ones_like(old[:, :1])], dim=1).long()
+
+
+def _zero3(policy) -> bool:
+    """True when the module's parameters are ZeRO-3 partitioned (DeepSpeed tags them with ``ds_id``) on several ranks."""
+    dist = torch.distributed
+    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return multi and any(hasattr(p, "ds_id") for p in policy.parameters())
+
+
+def _all_ranks(x: int, op, policy) -> int:
+    """``x`` reduced with ``op`` over all ranks (on the model's device: gloo on CPU, NCCL on GPU)."""
+    t = torch.tensor([x], device=next(policy.parameters()).device)
+    torch.distributed.all_reduce(t, op=op)
+    return int(t.item())

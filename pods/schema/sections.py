@@ -230,6 +230,12 @@ class SparseHfRollout(Section):
     kernel: Pos = 7  # max-pool width over attention scores
     mix_alpha: Annotated[float, Field(ge=0, le=1)] = 0.1  # rkv: alpha * attention - (1 - alpha) * redundancy
     sim_threshold: Annotated[float, Field(ge=-1, le=1)] = 0.5  # rkv: cosine similarity above which keys are duplicates
+    # the Sparse-RL release's regime (defaults keep the earlier behaviour bit for bit; docs/sparse-rl.md)
+    keep_prompt: bool = False  # prompt positions never evicted; budget, interval and compress_after count decoded tokens
+    cadence: Literal["budget", "steps"] = "budget"  # compress when the cache would pass budget | every interval-th decode step (release)
+    compress_after: Annotated[int, Field(ge=0)] = 0  # no compression while the sequence is at most this long (release: 512)
+    shared_set: bool = False  # one kept set for every layer, chosen by layer 0's scores (release) | one per layer
+    pad: bool = False  # batch prompts of any length (left padding) | only prompts of equal length together
 
 
 class Lora(Section):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from support.config import compose
+from support.config import ROOT, compose
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sparse_rl_long.py"
 PINNED = {  # the values results/cpu/sparse_rl/long/README.md reports
@@ -88,8 +88,9 @@ def test_the_compressed_cache_holds_at_most_half_of_a_dense_sequence():
     assert sparse["kv_peak"] <= 0.5 * dense["kv_peak"] and sparse["kv_mean"] < 0.7 * dense["kv_mean"], (sparse, dense)
 
 
-@pytest.mark.parametrize("budget,interval", [(28, 2), (20, 4)])  # the experiment's, and one below the prompt
-def test_cache_replay_matches_the_engines_own_count(budget, interval):
+@pytest.mark.parametrize("budget,interval,keep", [(28, 2, False), (20, 4, False), (20, 1, True)])  # long's, below the prompt, regime's
+def test_cache_replay_matches_the_engines_own_count(budget, interval, keep):
+    """``keep``: ``rollout.keep_prompt`` (and padded batches), the budget counting decoded tokens only."""
     from pods.engines import ENGINES, Sampling
     from pods.models import load_policy, load_tokenizer
     from pods.schema import Hardware, SparseHfRollout, check, complete
@@ -100,13 +101,15 @@ def test_cache_replay_matches_the_engines_own_count(budget, interval):
     path = shipped(cfg.model.spec)
     tok, model = load_tokenizer(path), load_policy(str(path), complete(Hardware, name="cpu", dtype="float32")).eval()
     ids, _, _ = encode_prompts(DATASETS.get("toy_long")(cfg.dataset).test[:3], tok, 128)
-    ro = complete(SparseHfRollout, cfg.rollout, budget=budget, interval=interval)
+    ro = complete(SparseHfRollout, cfg.rollout, budget=budget, interval=interval, keep_prompt=keep, pad=keep)
     torch.manual_seed(0)
     out = ENGINES.get("sparse_hf")(str(path), tok, ro, policy=model).generate(ids, 2, Sampling(temperature=1.0, max_tokens=48))
     prompts = [len(ids[i // 2]) for i in range(6)]
     lens = list(map(len, out.completion_ids))
     s = script()
-    assert s.kv_stats(prompts, lens, budget, interval, 1)["kv_peak"] * _per_token(model) == pytest.approx(out.metrics["kv_bytes_sparse"])
+    assert s.kv_stats(prompts, lens, budget, interval, 1, keep)["kv_peak"] * _per_token(model) == pytest.approx(
+        out.metrics["kv_bytes_sparse"]
+    )
     assert s.kv_stats(prompts, lens, None, 1, 1)["kv_peak"] * _per_token(model) == pytest.approx(out.metrics["kv_bytes_dense"])
     assert s.cache_sizes(30, 5, 32, 8) == [30, 31, 32, 25, 26] and s.cache_sizes(30, 3) == [30, 31, 32]
 
@@ -114,3 +117,15 @@ def test_cache_replay_matches_the_engines_own_count(budget, interval):
 def _per_token(model) -> int:
     c = model.config
     return 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+
+
+def test_regime_report_without_runs_is_one_line(tmp_path):
+    """``scripts/sparse_rl_regime.py report`` with no finished run: one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "scripts/sparse_rl_regime.py", "report", "--runs", str(tmp_path / "none"), "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "no finished run" in p.stderr, p.stderr
+    assert not any(out.glob("*")) if out.exists() else True

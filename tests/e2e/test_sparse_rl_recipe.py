@@ -87,6 +87,10 @@ def test_rkv_compression_as_released():
     r = compose(["experiment=sparse_rl_qwen2_5_3b_rkv"])["rollout"]
     got = (r["method"], r["budget"] - r["interval"], r["interval"], r["window"], r["kernel"], r["mix_alpha"])
     assert got == ("rkv", 512, 128, 8, 7, 0.1)
+    # the release's timing (sglang-kvc radix_attention.need_compress / compress): every 128th decode step once
+    # the sequence passes 512, never at the prefill, prompt positions scored too, one kept set for every layer
+    got = (r["cadence"], r["compress_after"], r["keep_prompt"], r["shared_set"], r["pad"])
+    assert got == ("steps", 512, False, True, True)
 
 
 @pytest.mark.parametrize("exp", ARMS)
@@ -186,7 +190,15 @@ def test_recipe_algorithm_runs_on_cpu(tiny_dir, tmp_path):
     from support.config import shrink
 
     over = ["model=tiny", "model.name=tiny", "model.path=null", "hardware=cpu", "dataset=toy_arith", "dataset.max_prompt_length=128"]
-    small = ["rollout.budget=24", "rollout.interval=4", "rollout.window=4", "algorithm.n=4", "algorithm.m=4", "algorithm.mini_batch_size=4"]
+    small = [
+        "rollout.budget=24",
+        "rollout.interval=4",
+        "rollout.window=4",
+        "rollout.compress_after=24",
+        "algorithm.n=4",
+        "algorithm.m=4",
+        "algorithm.mini_batch_size=4",
+    ]
     cfg = shrink(compose(["experiment=sparse_rl_qwen2_5_3b_rkv", *over, *small]), steps=2)
     cfg["eval"]["at_start"] = False
     train(cfg, tmp_path)
