@@ -4,6 +4,7 @@ module loads neither torch nor a model, so a script can set its thread count fir
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -38,3 +39,13 @@ def short_run(steps: int, max_tokens: int) -> list[str]:
         "train.checkpoint_at_end=false", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null", "eval.every_steps=null",
         f"sampling.max_tokens={max_tokens}", f"eval.max_tokens={max_tokens}", "logger=none",
     ]  # fmt: skip
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    """``rows`` (dicts with the same keys, the first row's order) as a CSV at ``path``; its folder made; the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path

@@ -19,7 +19,6 @@ the activation peak micro-batching bounds), ``load_1m``. Writes ``results/bench/
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import time
@@ -117,11 +116,7 @@ def main() -> None:
                 "load_1m": round(statistics.mean(loads), 2),
             }
         )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with open(OUT, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    _common.write_csv(rows, OUT)
     for row in rows:
         print(row)
 

@@ -13,7 +13,6 @@ with each row (the 2-core machine is shared): compare the arms' ratio, not the a
 
 from __future__ import annotations
 
-import csv
 import os
 import statistics
 import sys
@@ -70,12 +69,7 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
-    path = _common.ROOT / "results" / "bench" / "sparse_batch.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"wrote {path}")
+    print(f"wrote {_common.write_csv(rows, _common.ROOT / 'results' / 'bench' / 'sparse_batch.csv')}")
 
 
 if __name__ == "__main__":

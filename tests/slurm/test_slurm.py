@@ -20,7 +20,7 @@ import yaml
 from pods.metrics import read_metrics
 from support.config import ROOT
 from support.plain_submitit import HIDDEN, submit_without_plugin
-from support.slurm_cluster import LocalCluster, install_reason
+from support.slurm_cluster import LocalCluster, started
 
 pytestmark = pytest.mark.slurm
 
@@ -31,11 +31,7 @@ SHORT = ["train.time_budget_s=null", *EVAL]
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = install_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalCluster(cpus=2, mem_mb=8000, gpus=8) as c:
-        yield c
+    yield from started()
 
 
 def job_env(cluster: LocalCluster, **kw) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 from support.config import ROOT
 from support.runs import train_run
-from support.slurm_cluster import LocalCluster, install_reason
+from support.slurm_cluster import started
 
 pytestmark = pytest.mark.slurm
 
@@ -25,11 +25,7 @@ SUITE = ["--suite", "toy", "suite.only=[toy_arith]", "suite.benchmarks.toy_arith
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = install_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalCluster(cpus=2, mem_mb=8000, gpus=8) as c:
-        yield c
+    yield from started()
 
 
 def test_each_checkpoint_is_one_slurm_job(cluster, tiny_dir, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
-from support.slurm_cluster import LocalCluster, install_reason
+from support.slurm_cluster import LocalCluster, started
 
 pytestmark = pytest.mark.slurm
 
@@ -41,11 +41,7 @@ TIMEOUT_S = 600  # one job here: about 1-2 min on 2 shared cores (DeepSpeed star
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = install_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalCluster(cpus=2, mem_mb=8000, gpus=8, nodes=2) as c:
-        yield c
+    yield from started(nodes=2)
 
 
 def submit(cluster: LocalCluster, script: str, run_dir, tmp_path, resources: list[str], args: tuple = (), **env) -> str:

@@ -241,3 +241,15 @@ if __name__ == "__main__":  # a cluster to play with: python tests/support/slurm
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+
+
+def started(nodes: int = 1):
+    """The body of a test module's cluster fixture (``yield from started()``): skip, saying why, where no cluster can
+    start here; else a 2-CPU, 8-GPU ``LocalCluster`` of ``nodes`` nodes for the module's tests."""
+    import pytest
+
+    reason = install_reason()
+    if reason:
+        pytest.skip(reason)
+    with LocalCluster(cpus=2, mem_mb=8000, gpus=8, nodes=nodes) as c:
+        yield c
