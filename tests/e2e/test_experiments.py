@@ -135,7 +135,8 @@ SWEEP_PAPER = {  # sweep -> (experiment it applies to, {swept key: values}, {fix
     ),
     "seeds_single_gpu": ("gsm8k_qwen3b_grpo_16_16_l40s", {"seed": SEEDS_L40S}, {}),
     "seeds_multi_gpu": ("gsm8k_qwen3b_pods_h100x8", {"seed": SEEDS_X8}, {}),
-    "seeds_cpu": ("toy_pods_64_16_cpu", {"seed": [1, 2, 3, 4, 5]}, {}),
+    "seeds_cpu": ("toy_pods_64_16_cpu", {"seed": list(range(1, 11))}, {}),  # the paper's 10 seeds per arm
+    "seeds_per_step_cpu": ("toy_binary_pods_64_16_cpu", {"seed": [1, 2, 3, 4, 5]}, {}),
     "d3s_cpu": ("d3s_toy_cpu", {"seed": [1, 2, 3], "algorithm": ["grpo", "grpo_pods", "d3s", "d3s_cross"]}, {}),
     "sparse_rl_cpu": ("sparse_rl_toy_cpu", {"seed": [1, 2, 3], "algorithm.correction": ["none", "sparse_rl"]}, {}),
 }
