@@ -17,7 +17,7 @@ export ONEDNN_MAX_CPU_ISA ?= AVX2
 export MKL_DYNAMIC ?= FALSE
 export OMP_DYNAMIC ?= FALSE
 
-.PHONY: help install demo test test-all test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs tiny-model test-isa numerics
+.PHONY: help install demo test test-all test-experiments test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs tiny-model test-isa numerics
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -41,7 +41,10 @@ test: $(STAMP) ## unit tests + tiny end-to-end runs (about 8-10 min here): no vL
 	$(PY) -m pytest -q
 
 test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/torchrun, a local SLURM cluster, long runs (.ci/run)
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu and not exhaustive"
+
+test-experiments: $(STAMP) ## every GPU experiment file through python -m pods.train / torchrun on the tiny model (test-all: one per code path)
+	$(PY) -m pytest -q -m "not gpu" tests/e2e/test_experiments.py -k command_line
 
 test-slow: test-all ## (old name of test-all)
 

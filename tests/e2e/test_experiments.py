@@ -352,11 +352,47 @@ def run_command_line(exp: str, run_dir, log) -> dict:
     return json.loads((run_dir / "config.json").read_text())
 
 
-FAST_CLI = "gsm8k_qwen3b_pods_64_16_l40s"  # make test runs this one; make test-all every GPU file (the *_cpu files: below)
+FAST_CLI = "gsm8k_qwen3b_pods_64_16_l40s"  # make test runs this one (the *_cpu files: below)
 GPU_FILES = [e for e in EXPERIMENTS if not e.endswith("_cpu")]
+# make test-all runs one GPU file per code path the command line takes here (the signature below: the model and data
+# are swapped for the tiny ones, so files that differ only there take the same path); make test-experiments runs all.
+# test_each_code_path_of_the_gpu_files_runs_in_test_all fails when a new file brings a signature none of these has.
+PATHS = [
+    FAST_CLI,
+    "gsm8k_qwen3b_grpo_16_16_l40s",
+    "gsm8k_qwen3b_grpo_ga_h100x8",
+    "gsm8k_qwen3b_pods_h100x8",
+    "gsm8k_qwen7b_grpo_ga_a100x8",
+    "gsm8k_qwen7b_pods_a100x8",
+    "d3s_llama3_1_8b_grpo_h100x8",
+    "d3s_qwen2_5_math_7b_grpo_h100x8",
+    "d3s_qwen2_5_math_7b_grpo_baseline_h100x8",
+    "d3s_qwen2_5_math_7b_grpo_pods_h100x8",
+    "sparse_rl_qwen2_5_3b_dense",
+    "sparse_rl_qwen2_5_3b_rkv",
+]
 
 
-@pytest.mark.parametrize("exp", [e if e == FAST_CLI else pytest.param(e, marks=pytest.mark.slow) for e in GPU_FILES])
+def signature(exp: str) -> tuple:
+    """What decides the command line's code path for a GPU file run on the tiny model: profile, algorithm, engine,
+    an end-of-run suite or not."""
+    c = compose([f"experiment={exp}"])
+    return c["hardware"]["name"], c["algorithm"]["name"], c["rollout"]["name"], bool(c["eval"]["suite"])
+
+
+def test_each_code_path_of_the_gpu_files_runs_in_test_all():
+    have = {signature(e) for e in PATHS}
+    assert set(PATHS) <= set(GPU_FILES) and len(have) == len(PATHS)  # no two representatives of one path
+    assert [e for e in GPU_FILES if signature(e) not in have] == []
+
+
+def tier(exp: str):
+    if exp == FAST_CLI:
+        return exp
+    return pytest.param(exp, marks=[pytest.mark.slow] + ([] if exp in PATHS else [pytest.mark.exhaustive]))
+
+
+@pytest.mark.parametrize("exp", [tier(e) for e in GPU_FILES])
 def test_every_experiment_runs_through_the_command_line(exp, tiny_dir, tmp_path):
     from pods.metrics import read_metrics
 
