@@ -221,7 +221,9 @@ def test_every_gpu_experiment_fits_its_card():
         assert cfg.hardware.device == "cuda", name
         est = estimate(cfg)
         assert est.fits, f"{name}: {est.total_gb:.1f} GB of {est.card_gb} GB"
-    dense = compose(["experiment=sparse_rl_qwen2_5_3b_dense", "rollout=hf", "hardware=l40s_lora", "rollout.max_batch=256"])
+    dense = compose(
+        ["experiment=sparse_rl_qwen2_5_3b_dense", "~rollout/share", "rollout=hf", "hardware=l40s_lora", "rollout.max_batch=256"]
+    )
     est = estimate(dense)
     assert not est.fits and "rollout.max_batch=" in refusal(dense, est)
 

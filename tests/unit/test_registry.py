@@ -103,5 +103,7 @@ def test_the_shipped_registries_carry_their_specs():
     assert TOKEN_SELECTORS.spec("d3s_top_k") == TokenSpec(needs_entropy=True, fraction_keys=("token_keep", "token_keep_final"))
     assert CORRECTIONS.spec("sparse_rl") == TokenSpec(needs_stats=True) and CORRECTIONS.spec("none") == TokenSpec()
     assert [n for n in KV_POLICIES.names() if KV_POLICIES.spec(n).needs_queries] == ["rkv", "snapkv"]
-    assert [n for n in AGGREGATIONS.names() if AGGREGATIONS.spec(n).prepare is not None] == ["bnpo"]
-    assert DATASETS.spec("toy_long").sft_target is not None and DATASETS.spec("toy_arith").sft_target is None
+    assert [n for n in AGGREGATIONS.names() if AGGREGATIONS.spec(n).prepare is not None] == ["bnpo", "seq_mean_token_sum_norm"]
+    from pods.tasks.toy import canonical
+
+    assert DATASETS.spec("toy_long").sft_target is not None and DATASETS.spec("toy_arith").sft_target is canonical
