@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from pods.log import setup
-from pods.tasks.toy import ANSWER
+from pods.tasks.toy import canonical
 
 ASSETS = Path(__file__).resolve().parent / "assets"  # shipped models: tiny-<key>/ (package data)
 BUILD_THREADS = 1
@@ -79,11 +79,7 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _toy_target(ex) -> str:
-    return ANSWER.format(result=ex.gold)
-
-
-def _sft_batch(tokenizer, examples, device="cpu", target=_toy_target):
+def _sft_batch(tokenizer, examples, device="cpu", target=canonical):
     """Prompt + answer token ids, with labels only on the answer (and its end-of-turn token)."""
     seqs, labels = [], []
     for ex in examples:
@@ -101,7 +97,7 @@ def _sft_batch(tokenizer, examples, device="cpu", target=_toy_target):
 
 
 def warm_start(
-    model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=_toy_target
+    model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=canonical
 ) -> None:
     """Supervised steps on the answers. ``label_smoothing`` > 0 leaves the policy under-confident (sampling at
     T = 1 errs where greedy decoding is right), the regime in which RL's early gains come from sharpening."""
@@ -158,7 +154,7 @@ def _train_tiny(spec: dict):
 
     name = spec["dataset"].get("name", "toy_arith")
     loader = DATASETS.get(name)
-    target = DATASETS.spec(name).sft_target or _toy_target  # hook: another task warm-starts via its spec's ``sft_target``
+    target = DATASETS.spec(name).sft_target or canonical  # hook: another task warm-starts via its spec's ``sft_target``
     data = loader(dataset_section(spec))
     texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
     tok = build_tokenizer(texts, spec["vocab_size"])
