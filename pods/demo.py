@@ -12,7 +12,8 @@
 seeds with a binary reward on operands the tiny model mostly fails (many zero-variance groups), compared by steps,
 with a GPU cost model (L40S per-step costs applied to those curves; labelled a model). Runs go one at a time, seed by seed, into
 ``OUT/runs/<experiment>/seed<k>`` (log: ``launch.log`` there; the load before and after each run: ``OUT/load.txt``);
-a run that finished is not run again, so the same command continues an interrupted reproduction.
+a run that finished is not run again (while its config.json is what the experiment file composes now; otherwise the
+command stops in one line before any run), so the same command continues an interrupted reproduction.
 
 Budgets are optimizer STEPS and evaluations come every so many steps, calibrated so that every arm gets the same
 training seconds on an idle 2-core machine (the experiment files give the numbers): learning is then deterministic,
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
 
+from pods.errors import ConfigError
 from pods.launch import Job, launch, machine_load, status
 from pods.numerics import pin, summary_line
 from pods.results.plot import plot_runs
@@ -49,22 +52,45 @@ IDLE_S_PER_STEP = {GRPO: 0.153, GA: 0.573, PODS: 0.306}  # the budgets' calibrat
 
 def job(label: str, exp: str, seed: int, run_dir: Path, end: str, overrides: list[str]) -> Job | None:
     """A fresh run of ``exp`` with ``seed`` into ``run_dir``; None when a run there has finished (kept)."""
+    args = [f"experiment={exp}", f"seed={seed}", f"train.checkpoint_at_end={end}", *overrides]
     if (status(run_dir) or {}).get("status") == "finished":
+        changed = changed_keys(run_dir, args)
+        if changed:
+            raise ConfigError(
+                f"{run_dir} finished with another config than `{' '.join(args)}` composes now ({', '.join(changed[:4])}); "
+                "move or delete that run directory to run it again"
+            )
         print(f"[demo] {label} seed {seed}: finished in {run_dir}, kept", flush=True)
         return None
     for stale in ("metrics.jsonl", "config.json"):
         (run_dir / stale).unlink(missing_ok=True)
-    args = [f"experiment={exp}", f"seed={seed}", f"train.checkpoint_at_end={end}", *overrides]
     return Job(args, run_dir, log=run_dir / "launch.log", name=f"{label} seed {seed}")
+
+
+def differences(kept, now, prefix: str = "") -> list[str]:
+    """Dotted keys whose value in ``kept`` (a finished run's config.json) differs from ``now``; a key the kept record
+    lacks is an option added since, whose default keeps the old behaviour (house rule), so it is not a difference."""
+    if not isinstance(kept, dict) or not isinstance(now, dict):
+        return [] if kept == now else [prefix.rstrip(".") or "(root)"]
+    return [d for k, v in kept.items() if k in now for d in differences(v, now[k], f"{prefix}{k}.")]
+
+
+def changed_keys(run_dir: Path, args: list[str]) -> list[str]:
+    """What differs between the finished run in ``run_dir`` and the config ``args`` compose now (provenance aside)."""
+    from pods.compose import compose
+
+    kept = json.loads((run_dir / "config.json").read_text())
+    kept.pop("provenance", None)
+    return differences(kept, json.loads(json.dumps(compose(args, rules=False).model_dump())))
 
 
 def run_all(out: Path, arms: dict[str, tuple[str, tuple[int, ...]]], end: str, overrides: list[str]) -> tuple[dict[str, list[Path]], int]:
     """Every arm x seed, one at a time, seed by seed (load changes spread over the arms alike); the load before and
-    after each run appended to ``out/load.txt``. Returns label -> run dirs, and how many runs ran now."""
-    ran = 0
+    after each run appended to ``out/load.txt``. Every kept run is checked before the first run starts. Returns
+    label -> run dirs, and how many runs ran now."""
     dirs: dict[str, list[Path]] = {label: [] for label in arms}
-    seeds = sorted({k for _, ks in arms.values() for k in ks})
-    for k in seeds:
+    todo: list[tuple[str, int, Job]] = []
+    for k in sorted({k for _, ks in arms.values() for k in ks}):
         for label, (exp, ks) in arms.items():
             if k not in ks:
                 continue
@@ -72,13 +98,14 @@ def run_all(out: Path, arms: dict[str, tuple[str, tuple[int, ...]]], end: str, o
             dirs[label].append(run_dir)
             j = job(label, exp, k, run_dir, end, overrides)
             if j is not None:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                before = machine_load()
-                launch([j], "local", tag="demo")
-                ran += 1
-                with (out / "load.txt").open("a") as f:
-                    f.write(f"{exp} seed {k}: {before} before, {machine_load()} after\n")
-    return dirs, ran
+                todo.append((exp, k, j))
+    for exp, k, j in todo:
+        j.run_dir.mkdir(parents=True, exist_ok=True)
+        before = machine_load()
+        launch([j], "local", tag="demo")
+        with (out / "load.txt").open("a") as f:
+            f.write(f"{exp} seed {k}: {before} before, {machine_load()} after\n")
+    return dirs, len(todo)
 
 
 def summarize(dirs: dict[str, list[Path]], out: Path, title: str, header: list[str], n_boot: int = 2000, idle: bool = True) -> list[str]:
@@ -217,12 +244,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", default=seeds, help="reproduce, per-step: comma-separated seeds")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every arm, e.g. train.max_steps=20")
     args = p.parse_args(argv)
-    if mode == "demo":
-        demo(Path(args.out), args.overrides)
-    elif mode.startswith("per-step"):
-        per_step(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "per-step-summarize")
-    else:
-        seeded(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "summarize")
+    try:
+        if mode == "demo":
+            demo(Path(args.out), args.overrides)
+        elif mode.startswith("per-step"):
+            per_step(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "per-step-summarize")
+        else:
+            seeded(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "summarize")
+    except ConfigError as e:
+        print(f"pods.demo: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
