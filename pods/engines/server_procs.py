@@ -34,10 +34,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_argv(model_dir: str, ro, port: int, on_cpu: bool, transport: str) -> list[str]:
+def server_argv(model_dir: str, ro, port: int, on_cpu: bool, transport: str, host: str = "127.0.0.1") -> list[str]:
     """The command line of one launched server: the colocated engine's settings (``pods.engines.vllm_start``) as flags."""
     kv_gib = ro.kv_cache_gib if ro.kv_cache_gib is not None else (1 if on_cpu else None)
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1"]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host]
     argv += ["--port", str(port), "--dtype", ro.dtype, "--seed", str(ro.seed), "--max-num-seqs", str(ro.max_num_seqs)]
     argv += ["--logprobs-mode", ro.logprobs_mode, "--enable-scale-out", "--weight-transfer-config", f'{{"backend": "{transport}"}}']
     argv += ["--worker-extension-cls", "pods.engines.gloo_transfer.ServerExtension"]  # registers gloo; the sync check's RPC
@@ -71,7 +71,7 @@ def launch(model_dir: str, ro, count: int, on_cpu: bool, transport: str) -> tupl
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if ro.devices:  # one entry per server (a shorter list is reused round robin)
-            env["VLLM_CPU_OMP_THREADS_BIND" if on_cpu else "CUDA_VISIBLE_DEVICES"] = ro.devices[k % len(ro.devices)]
+            env["VLLM_CPU_OMP_THREADS_BIND" if on_cpu else "CUDA_VISIBLE_DEVICES"] = str(ro.devices[k % len(ro.devices)])
         with open(os.path.join(logs, f"server-{k}.log"), "wb") as log:
             procs.append(
                 subprocess.Popen(
@@ -91,6 +91,7 @@ def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
     for p in procs:
         if p.poll() is None:
             _signal(p, signal.SIGTERM)
+            _signal(p, signal.SIGCONT)  # a stopped server handles its SIGTERM too
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:

@@ -226,9 +226,7 @@ class VllmServerRollout(VllmRollout):
     server_timeout_s: PosF = 300.0  # the longest any HTTP call or weight transfer may take before it is an error
     start_timeout_s: PosF = 600.0  # a launched server must answer /health within this
     transport: Literal["auto", "gloo", "nccl"] = "auto"  # weight push: auto = nccl on CUDA, gloo (pods.engines.gloo_transfer) on CPU
-    devices: list[
-        str
-    ] = []  # per launched server: its CUDA_VISIBLE_DEVICES ("7"), on CPU its cores (VLLM_CPU_OMP_THREADS_BIND, "1"); [] = inherit
+    devices: list[str | int] = []  # per launched server: its GPUs (CUDA_VISIBLE_DEVICES) or CPU cores (VLLM_CPU_OMP_THREADS_BIND)
 
 
 class SparseHfRollout(Section):
