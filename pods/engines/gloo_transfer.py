@@ -11,10 +11,10 @@ The tensors travel packed: consecutive tensors as one byte buffer of at most ``b
 The group is a ``ProcessGroupGloo`` of its own (a ``TCPStore`` the trainer hosts), not the default group, so neither
 side's other collectives see it; every collective waits at most ``timeout_s`` (a dead peer is an error, not a hang).
 
-Registration: importing this module registers ``gloo`` with both vLLM factories. The server imports it because it is its
-``--worker-extension-cls`` (``ServerExtension``, which also carries ``pods.engines.vllm_sync``'s post-push checksums),
-resolved before the worker loads the model, i.e. before the factory is asked for the engine: no package entry point
-and no reinstall.
+Registration: vLLM's base classes are mixed in when first needed (``register``), so importing this module imports no vLLM.
+The server resolves its ``--worker-extension-cls pods.engines.gloo_transfer.ServerExtension`` by name before the worker
+loads the model, i.e. before the factory is asked for the engine; that lookup (this module's ``__getattr__``) registers
+``gloo`` with both of vLLM's factories: no package entry point and no reinstall.
 """
 
 from __future__ import annotations
@@ -27,16 +27,6 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
-from vllm.distributed.weight_transfer.base import (
-    ParamMeta,
-    TrainerInitInfo,
-    TrainerWeightTransferEngine,
-    WeightSource,
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
 from pods.engines.vllm_sync import WeightSyncExtension
 
@@ -44,7 +34,7 @@ BUCKET_BYTES = 64 << 20  # one broadcast carries at most this many bytes (a whol
 
 
 @dataclass
-class GlooInitInfo(WeightTransferInitInfo):
+class GlooInitInfo:
     """What a serving worker needs to join the trainer's group."""
 
     master_address: str
@@ -56,11 +46,13 @@ class GlooInitInfo(WeightTransferInitInfo):
 
 
 @dataclass
-class GlooTrainerInitInfo(TrainerInitInfo):
-    """The trainer's side: it hosts the store; ``world_size`` = 1 + all serving workers."""
+class GlooTrainerInitInfo:
+    """The trainer's side: it hosts the store; ``world_size`` = 1 + all serving workers; ``rank`` 0 sends (vLLM's
+    ``TrainerInitInfo`` contract: ``backend`` names the factory entry)."""
 
     backend: ClassVar[str] = "gloo"
 
+    rank: int
     master_address: str
     master_port: int
     world_size: int
@@ -69,7 +61,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
 
 
 @dataclass
-class GlooUpdateInfo(WeightTransferUpdateInfo):
+class GlooUpdateInfo:
     """One push: every tensor's name, dtype name (``torch.<name>``) and shape, in sending order."""
 
     names: list[str]
@@ -108,8 +100,9 @@ def _nbytes(dtype: torch.dtype, shape) -> int:
     return int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
-    """The serving worker's half: receive each bucket, split it back into tensors, load them (vLLM's layerwise reload)."""
+class GlooWorker:
+    """The serving worker's half (mixed with vLLM's ``WeightTransferEngine``): receive each bucket, split it back into
+    tensors, load them (vLLM's layerwise reload)."""
 
     init_info_cls = GlooInitInfo
     update_info_cls = GlooUpdateInfo
@@ -155,8 +148,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group = None
 
 
-class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
-    """The trainer's half (rank 0): ``send`` pushes named tensors to every worker of every server in one round."""
+class GlooTrainer:
+    """The trainer's half (rank 0; mixed with vLLM's ``TrainerWeightTransferEngine``): ``send_weights`` pushes named
+    tensors to every worker of every server in one round."""
 
     init_info_cls = GlooTrainerInitInfo
 
@@ -166,7 +160,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, bucket_bytes=init_info.bucket_bytes)
+        engine = cls(client=client, source=source, is_sender=init_info.rank == 0, bucket_bytes=init_info.bucket_bytes)
         worker = GlooInitInfo(
             init_info.master_address, init_info.master_port, 1, init_info.world_size, init_info.timeout_s, init_info.bucket_bytes
         )
@@ -196,19 +190,21 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.group = None
 
 
-class Pushed(WeightSource):
+class Pushed:
     """The tensors of one push as a vLLM ``WeightSource`` (what vLLM's NCCL trainer engine replays): set ``pairs``, send."""
 
     pairs: list = []
 
-    def metadata(self) -> list[ParamMeta]:
+    def metadata(self) -> list:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
         return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.pairs]
 
     def __iter__(self):
         return iter(self.pairs)
 
 
-class ServerExtension(WeightSyncExtension):
+class _ServerExtension(WeightSyncExtension):
     """The server's ``--worker-extension-cls``: the post-push checksums callable over HTTP (``/collective_rpc`` passes
     strings only, hence JSON)."""
 
@@ -217,15 +213,30 @@ class ServerExtension(WeightSyncExtension):
 
 
 _lock = threading.Lock()
+_classes: dict = {}
 
 
-def register() -> None:
-    """Register ``gloo`` with vLLM's worker and trainer factories (idempotent)."""
+def register() -> dict:
+    """vLLM's engine classes with our halves mixed in, registered as ``gloo`` with both factories (once per process)."""
+    from vllm.distributed.weight_transfer.base import TrainerWeightTransferEngine, WeightTransferEngine
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
     with _lock:
-        if "gloo" not in WeightTransferEngineFactory._registry:
-            WeightTransferEngineFactory.register_engine("gloo", GlooWeightTransferEngine)
-        if "gloo" not in WeightTransferTrainerFactory._registry:
-            WeightTransferTrainerFactory.register_engine("gloo", GlooTrainerWeightTransferEngine)
+        if not _classes:
+            _classes["worker"] = type("GlooWeightTransferEngine", (GlooWorker, WeightTransferEngine), {"__module__": __name__})
+            _classes["trainer"] = type(
+                "GlooTrainerWeightTransferEngine", (GlooTrainer, TrainerWeightTransferEngine), {"__module__": __name__}
+            )
+            if "gloo" not in WeightTransferEngineFactory._registry:
+                WeightTransferEngineFactory.register_engine("gloo", _classes["worker"])
+            if "gloo" not in WeightTransferTrainerFactory._registry:
+                WeightTransferTrainerFactory.register_engine("gloo", _classes["trainer"])
+    return _classes
 
 
-register()
+def __getattr__(name: str):
+    """``ServerExtension`` (the servers' ``--worker-extension-cls``): vLLM's lookup of it by name registers gloo first."""
+    if name != "ServerExtension":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    register()
+    return _ServerExtension

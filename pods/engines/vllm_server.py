@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from pods.engines import vllm_start
 from pods.engines.base import Engine, Rollouts, Sampling
 from pods.engines.server_procs import Servers, free_port, launch
 from pods.engines.vllm import VLLMEngine, _sampled_logprobs, _with_lm_head  # noqa: F401 - the same rules and weights
@@ -57,18 +58,23 @@ class VLLMServerEngine(Engine):
         self.dtype = getattr(torch, cfg.dtype)
         on_cpu = not torch.cuda.is_available()
         self.transport = cfg.transport if cfg.transport != "auto" else ("gloo" if on_cpu else "nccl")
-        procs, urls, logs = (
-            launch(str(model_dir), cfg, cfg.servers, on_cpu, self.transport) if isinstance(cfg.servers, int) else ([], cfg.servers, None)
-        )
+        self.leader = vllm_start.launch()[0] == 0  # under torchrun rank 0 launches and pushes; the others attach and wait
+        if not isinstance(cfg.servers, int):
+            procs, urls, logs = [], cfg.servers, None
+        elif self.leader:
+            procs, urls, logs = launch(str(model_dir), cfg, cfg.servers, on_cpu, self.transport)
+        else:
+            procs, urls, logs = [], [f"http://127.0.0.1:{cfg.port + k}" for k in range(cfg.servers)], None
         self.servers = Servers(urls, cfg.server_timeout_s, procs, logs)
         self.lock = threading.Lock()  # one push at a time; generate never takes it
         atexit.register(self.close)
         try:
-            self.servers.wait_healthy(cfg.start_timeout_s if procs else cfg.server_timeout_s)
+            self.servers.wait_healthy(cfg.start_timeout_s if procs or isinstance(cfg.servers, int) else cfg.server_timeout_s)
             for k in range(len(urls)):
                 refuse_settings(self.servers, k, cfg)
-            self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": "0"})
-            self.sender = self._connect()
+            if self.leader:
+                self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": "0"})
+                self.sender = self._connect()
         except BaseException:
             self.close()
             raise
@@ -83,10 +89,13 @@ class VLLMServerEngine(Engine):
         has, and, for attached servers, their model length and dtype (asked over HTTP, before anything loads)."""
         VLLMEngine.check(cfg)
         ro = cfg.rollout
-        need(
-            int(os.environ.get("WORLD_SIZE") or 1) == 1,
-            "rollout=vllm_server drives its servers from one training process: run it without torchrun (docs/async.md)",
-        )
+        if int(os.environ.get("WORLD_SIZE") or 1) > 1 and isinstance(ro.servers, int):
+            need(
+                ro.port != 0, f"rollout.servers={ro.servers} under torchrun: set rollout.port (the other ranks find rank 0's servers there)"
+            )
+            need(
+                cfg.hardware.nnodes == 1, "rollout.servers as a count launches on one node: attach URLs on several (slurm/run_async.sbatch)"
+            )
         need(
             not (ro.transport == "nccl" and cfg.hardware.device != "cuda"),
             "rollout.transport=nccl needs CUDA: use gloo (or auto) on CPU",
@@ -161,6 +170,7 @@ class VLLMServerEngine(Engine):
 
         from pods.engines import gloo_transfer
 
+        gloo_transfer.register()
         local = all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in self.servers.urls)
         where = dict(
             master_address="127.0.0.1" if local else socket.getfqdn(), master_port=free_port(), world_size=1 + len(self.servers.urls)
@@ -176,6 +186,10 @@ class VLLMServerEngine(Engine):
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
         """Push the full policy (HF names) to every server: pause, send, finish with the version, check, resume."""
+        if not self.leader:  # rank 0 pushes; this rank takes part in the export (a collective) and waits for the label
+            for _ in named_tensors:
+                pass
+            return self._await(self.version + 1)
         with self.lock:
             clock = time.perf_counter()
             pushed: dict = {}
@@ -196,6 +210,18 @@ class VLLMServerEngine(Engine):
             finally:
                 self.servers.each("POST", "/resume", "resuming after a weight push")
             self.last_sync_s = time.perf_counter() - clock
+
+    def _await(self, version: int) -> None:
+        """Until every server serves ``version`` (rank 0's push), at most ``rollout.server_timeout_s``."""
+        deadline = time.monotonic() + self.cfg.server_timeout_s
+        for k, url in enumerate(self.servers.urls):
+            while self.servers.call(k, "GET", "/weight_info", "GET /weight_info")["weight_version"] != str(version):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"vLLM server {url} did not reach weight version {version} (rank 0's push) within {self.cfg.server_timeout_s:g} s"
+                    )
+                time.sleep(0.05)
+        self.version = version
 
     def _verify(self, pushed: dict) -> None:
         """Every server's tally of the checked layers equals the pushed one (``pods.engines.vllm_sync``)."""

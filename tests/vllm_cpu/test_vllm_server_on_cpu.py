@@ -3,7 +3,8 @@ whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not 
 
 In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
 and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
-2-step ``python -m pods.train rollout=vllm_server`` run attached to the module's server; then the server is frozen
+2-step ``python -m pods.train rollout=vllm_server`` run attached to the module's server, and a 1-step 2-rank torchrun
+run attached to it; then the server is frozen
 mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
 """
 
@@ -134,6 +135,19 @@ def test_training_run_attached_to_a_server(served, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
     assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "3"  # start + 2 steps
+
+
+def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
+    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label."""
+    from support.harness import torchrun
+
+    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=1"]
+    args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
+    args += ["eval.max_examples=8", "eval.every_s=null", "eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
+    torchrun(args, tmp_path / "torchrun.log", timeout=400)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "2"  # start + 1 step
 
 
 def test_hung_server_is_one_line_within_the_timeout_and_close_leaves_no_process(served, prompts):
