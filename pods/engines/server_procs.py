@@ -87,7 +87,9 @@ def launch(model_dir: str, ro, count: int, on_cpu: bool, transport: str) -> tupl
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """SIGTERM each server's session (the API server and its engine process), SIGKILL what is left after ``grace_s``."""
+    """SIGTERM each server's session (the API server, its engine process and their helpers), SIGKILL by pid whatever of
+    the session is left after ``grace_s``, and wait until none of it runs."""
+    sessions = {p.pid: _session(p.pid) for p in procs}
     for p in procs:
         if p.poll() is None:
             _signal(p, signal.SIGTERM)
@@ -98,13 +100,37 @@ def stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        _signal(p, signal.SIGKILL)  # the session's stragglers too (an engine process outliving its API server)
+    for p in procs:
+        left = set(sessions[p.pid]) | set(_session(p.pid))
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)  # a process of the session this engine started, by its id
+            except ProcessLookupError:
+                pass
         p.wait()
+        until = time.monotonic() + 10
+        while _session(p.pid) and time.monotonic() < until:  # killed, not yet gone
+            time.sleep(0.05)
+
+
+def _session(sid: int) -> list[int]:
+    """The running (not zombie) processes of session ``sid`` (Linux /proc; elsewhere none are seen)."""
+    out = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
 
 
 def _signal(p: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(p.pid, sig)  # the server's own session: pgid == its pid
+        os.killpg(p.pid, sig)  # the server's own session and process group: pgid == its pid
     except (ProcessLookupError, PermissionError):
         pass
 
