@@ -4,6 +4,7 @@ from pods.engines.base import ENGINES, Engine, Rollouts, Sampling
 
 ENGINES.register_lazy("hf", "pods.engines.hf:HFEngine")
 ENGINES.register_lazy("vllm", "pods.engines.vllm:VLLMEngine")
+ENGINES.register_lazy("vllm_server", "pods.engines.vllm_server:VLLMServerEngine")  # K `vllm serve` processes (docs/async.md)
 ENGINES.register_lazy("sparse_hf", "pods.engines.sparse_hf:SparseHFEngine")  # compressed-KV rollouts (Sparse-RL)
 
 __all__ = ["ENGINES", "Engine", "Rollouts", "Sampling"]

@@ -41,6 +41,7 @@ from pods.schema.sections import (  # noqa: F401 - the sections are this package
     ToyLongDataset,
     Train,
     VllmRollout,
+    VllmServerRollout,
     Wandb,
 )
 
@@ -106,6 +107,7 @@ def nodes() -> dict[str, dict]:
         "dataset/_toy_long": ToyLongDataset,
         "rollout/_hf": HfRollout,
         "rollout/_vllm": VllmRollout,
+        "rollout/_vllm_server": VllmServerRollout,
         "rollout/_sparse_hf": SparseHfRollout,
         "hardware": Hardware,
         "algorithm": Algorithm,

