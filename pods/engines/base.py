@@ -53,6 +53,7 @@ class Rollouts:
     finish_reasons: list[str]  # [G*n], "stop" | "length"
     n: int
     metrics: dict = field(default_factory=dict)  # engine-specific per-step numbers, merged into the step's metrics row
+    versions: list[int] | None = None  # [G*n] per rollout the OLDEST policy version among its tokens; None = the engine's version
 
     def __post_init__(self):
         if len(self.completion_ids) != len(self.prompt_ids) * self.n:
@@ -69,6 +70,7 @@ class Engine(ABC):
 
     section: type[Section] = Section  # its pods.schema section (HfRollout, VllmRollout, ...)
     needs_sync: bool = False
+    version: int = 0  # the policy version it serves, +1 per load_weights
 
     @classmethod
     def check(cls, cfg: Root) -> None:
