@@ -13,6 +13,8 @@
 GRPO is rule ``all`` with m = n; GRPO-GA keeps all n and trains them in micro-batches of m with one optimizer
 step; PODS keeps m of n (``pods.step`` holds the plan). The training clock (``train_time``) excludes evaluation
 and checkpointing, so curves of accuracy against training time compare algorithms fairly.
+``train.max_staleness: k >= 1``: steps (1)-(5) run ahead in a producer thread (``pods.producer``, docs/async.md) while
+(5b)-(7) update on the batch generated k policy versions before; a checkpoint drains it. 0 (default): no thread.
 
 Several processes (``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...``): each rank runs this
 same loop on its own ``train.prompts_per_step`` prompts, with its own engine; a prompt group never spans ranks, so
