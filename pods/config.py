@@ -52,9 +52,13 @@ def validate(cfg: dict | Root) -> Root:
 def _asynchronous(cfg: Root, needs_sync: bool) -> None:
     """``train.max_staleness >= 1`` (docs/async.md): the trainer draws from no RNG, and a policy engine's frozen copy
     is a local module."""
-    hw = cfg.hardware
+    hw, world = cfg.hardware, int(os.environ.get("WORLD_SIZE", "1"))
     if not cfg.train.max_staleness:
         return
+    need(  # the producer's collectives (refill, whole-step rules, reward statistics) would need a process group of their own
+        world == 1 and hw.nproc_per_node * hw.nnodes == 1,
+        f"train.max_staleness >= 1 runs in one process for now; this run has {max(world, hw.nproc_per_node * hw.nnodes)} (set train.max_staleness=0)",
+    )
     need(
         hw.finetune != "lora" or hw.lora.dropout == 0,
         "train.max_staleness >= 1 needs hardware.lora.dropout=0 (the trainer would draw from the RNG the producer samples with)",

@@ -38,7 +38,6 @@ from pods.backends import BACKENDS, build_batch
 from pods.config import validate
 from pods.data import PromptSampler
 from pods.engines import ENGINES
-from pods.errors import need
 from pods.eval.accuracy import answer_prob, canonical_answers, evaluate
 from pods.files import atomic
 from pods.log import setup
@@ -127,10 +126,6 @@ class Run:
         hw, ds, ev = cfg.hardware, cfg.dataset, cfg.eval
         self.cfg, self.dist = cfg, distributed.init(hw)  # this process's rank (one process: rank 0 of 1)
         self.log = setup(self.dist.rank)  # rank 0 logs (under Hydra into <run_dir>/train.log); the others only warn
-        need(  # the producer's collectives (refill, whole-step rules, reward statistics) would need a process group of their own
-            cfg.train.max_staleness == 0 or self.dist.world == 1,
-            f"train.max_staleness >= 1 runs in one process for now; this run has {self.dist.world} (set train.max_staleness=0)",
-        )
         self.run_dir = Path(self.dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
