@@ -82,6 +82,11 @@ def summarize(seeds: list[int], out: Path) -> str:
         f"(3) async gain over its step-0 accuracy: {gain:+.4f} >= 0.2: {ok(gain >= 0.2)}",
         f"(4) {len(train)} async train rows: staleness_max <= 1 on every row: {ok(bound)}; staleness 1 on every row after step 1: {ok(steady)}",
     ]
+    clock = {arm: [rows_of(out / f"{arm}_s{s}.jsonl", "train")[-1]["train_time"] for s in seeds] for arm in ARMS}
+    text.append(
+        "not a speed claim (other jobs loaded the machine, 8-20 on 2 cores; runs.txt): train_time at the last step, s: "
+        + "; ".join(f"{arm} {', '.join(f'{t:.0f}' for t in clock[arm])}" for arm in ARMS)
+    )
     (out / "summary.txt").write_text("\n".join(text) + "\n")
     return "\n".join(text)
 
