@@ -43,9 +43,27 @@ def validate(cfg: dict | Root) -> Root:
     ENGINES.get(cfg.rollout.name).check(cfg)  # the engine's own rules (budgets, launcher, compression)
     BACKENDS.get(cfg.hardware.backend).check(cfg)
     _launcher(cfg)
+    _asynchronous(cfg, ENGINES.get(cfg.rollout.name).needs_sync)
     _suite(cfg.eval)
     check_model_available(cfg.model)
     return cfg
+
+
+def _asynchronous(cfg: Root, needs_sync: bool) -> None:
+    """``train.max_staleness >= 1`` (docs/async.md): the trainer draws from no RNG, and a policy engine's frozen copy
+    is a local module."""
+    hw, world = cfg.hardware, int(os.environ.get("WORLD_SIZE", "1"))
+    if not cfg.train.max_staleness:
+        return
+    need(  # the producer's collectives (refill, whole-step rules, reward statistics) would need a process group of their own
+        world == 1 and hw.nproc_per_node * hw.nnodes == 1,
+        f"train.max_staleness >= 1 runs in one process for now; this run has {max(world, hw.nproc_per_node * hw.nnodes)} (set train.max_staleness=0)",
+    )
+    need(
+        hw.finetune != "lora" or hw.lora.dropout == 0,
+        "train.max_staleness >= 1 needs hardware.lora.dropout=0 (the trainer would draw from the RNG the producer samples with)",
+    )
+    need(needs_sync or hw.backend == "local", f"train.max_staleness >= 1 with rollout.name={cfg.rollout.name} needs hardware.backend=local")
 
 
 def _algorithm(a) -> None:

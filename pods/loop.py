@@ -13,6 +13,8 @@
 GRPO is rule ``all`` with m = n; GRPO-GA keeps all n and trains them in micro-batches of m with one optimizer
 step; PODS keeps m of n (``pods.step`` holds the plan). The training clock (``train_time``) excludes evaluation
 and checkpointing, so curves of accuracy against training time compare algorithms fairly.
+``train.max_staleness: k >= 1``: steps (1)-(5) run ahead in a producer thread (``pods.producer``, docs/async.md) while
+(5b)-(7) update on the batch generated k policy versions before; a checkpoint drains it. 0 (default): no thread.
 
 Several processes (``torchrun --nproc_per_node N -m pods.train hardware=h100x8_zero3 ...``): each rank runs this
 same loop on its own ``train.prompts_per_step`` prompts, with its own engine; a prompt group never spans ranks, so
@@ -41,11 +43,11 @@ from pods.files import atomic
 from pods.log import setup
 from pods.metrics import MetricsLogger
 from pods.models import load_tokenizer, provenance, resolve_model_dir
+from pods.producer import Producer, Ready, prepare
 from pods.progress import bar
-from pods.refill import fill_step, generate_groups
 from pods.schema import Root
 from pods.signals import StopFlag
-from pods.step import plan, select_rows, step_lr, take_rows
+from pods.step import step_lr
 from pods.tasks import DATASETS, encode_prompts
 
 
@@ -70,71 +72,47 @@ def progress_of(state: LoopState, t) -> float:
     return min(p, 1.0)
 
 
-def _reward_metrics(rewards: torch.Tensor, kept: list[float], scores, dist) -> dict:
-    """Reward statistics over every rank's groups (``kept``: the rewards of the rows this rank trains), and the mean
-    of each reward term."""
-    every, kept_r = dist.all_gather(rewards), dist.all_gather(torch.tensor(kept, dtype=rewards.dtype))
-    terms = {k: sum(sc.terms[k] for sc in scores) / len(scores) for k in scores[0].terms}
-    return {
-        "reward_mean_all": every.mean().item(),
-        "reward_std_all": every.std().item() if every.numel() > 1 else 0.0,
-        "reward_mean_kept": kept_r.mean().item() if kept_r.numel() else 0.0,  # (no row: every group filtered out)
-        "reward_std_kept": kept_r.std().item() if kept_r.numel() > 1 else 0.0,
-        "zero_var_groups": (every.std(dim=1) == 0).float().mean().item() if rewards.shape[1] > 1 else 1.0,
-        "train_accuracy": sum(sc.correct for sc in scores) / len(scores),
-        "timeouts": sum(sc.timed_out for sc in scores),
-        **{f"reward_{k}": v for k, v in terms.items()},
-    }
-
-
 def rollout_step(
     cfg: Root, engine, backend, prompts, golds, gen, lr, pad_id: int, dist=distributed.SINGLE, progress: float = 0.0, more=None
 ) -> dict:
     """Steps (2)-(7) for one batch of prompts; returns the step's metrics (timings in seconds; reward
     statistics over every rank's groups). ``progress`` is the training progress in [0, 1]; ``lr`` a number or the LR
     of each optimizer step (``pods.step.step_lr``); ``more()`` the next prompt batch (prompts, golds) for a refill."""
-    a, n = cfg.algorithm, cfg.algorithm.n
-    first = generate_groups(cfg, engine, prompts, golds)  # (2) generate, (3) score
-    # (3b) dynamic sampling (train.group_filter, train.refill_batches; pods.refill): drop zero-variance groups, refill
-    groups, every, refill = fill_step(cfg, engine, first, more, dist)
-    times = [time.perf_counter()]
-    prompts, rewards = groups.prompts, groups.rewards
-    step = plan(a, len(prompts), backend.micro_batch_size, progress)
-    kept, adv = select_rows(a, rewards, step.keep, generator=gen, dist=dist)  # (4)-(5)
-    rollouts = range(len(prompts) * n)  # this rank's rollouts; the rows it trains (a whole-step rule moves them across ranks):
-    rows = take_rows(
-        a.rule,
-        kept,
-        dist,
-        prompt=[prompts[r // n] for r in rollouts],
-        completion=groups.completions,
-        logprobs=groups.logprobs,
-        adv=adv.tolist(),
-        reward=rewards.flatten().tolist(),
-        group=[dist.rank * len(prompts) + r // n for r in rollouts],
-        truncated=[f == "length" for f in groups.finish],
-    )
-    metrics = _reward_metrics(every.rewards, rows["reward"], every.scores, dist)
-    times.append(time.perf_counter())
+    ready = prepare(cfg, engine, backend.micro_batch_size, prompts, golds, gen, dist, progress, more)  # (2)-(5)
+    return learn(cfg, engine, backend, ready, lr, pad_id, dist, progress)
+
+
+def learn(cfg: Root, engine, backend, ready: Ready, lr, pad_id: int, dist, progress: float, version: int | None = None) -> dict:
+    """Steps (5b)-(7) on a prepared batch. ``version``: the trainer's policy version before this update (the
+    asynchronous loop: each row's staleness is ``version`` minus its own; rows over ``train.max_staleness`` leave the
+    loss); None: the synchronous loop (staleness 0). ``engine``: pushed the new weights when it needs a sync (None:
+    the producer pushes)."""
+    a, rows = cfg.algorithm, ready.rows
+    stale = [0 if version is None else version - v for v in rows["version"]]
+    t0 = time.perf_counter()
     if rows["prompt"]:
         batch = build_batch(rows["prompt"], rows["completion"], rows["logprobs"], rows["adv"], pad_id, groups=rows["group"])
+        batch.staleness = torch.tensor(stale, dtype=torch.long)
         if cfg.train.old_logprobs == "sampler":
             batch.old_logprobs = batch.sampler_logprobs
         if a.mask_truncated:  # DAPO's overlong filtering: a row cut at sampling.max_tokens leaves the loss
             batch.loss_mask[torch.tensor(rows["truncated"], dtype=torch.bool)] = 0.0
+        batch.loss_mask[batch.staleness > cfg.train.max_staleness] = 0.0  # admission (none, by the producer's schedule)
         token_metrics = tokens.apply(batch, backend, a, progress, dist)  # (5b) corrections, token selection
-        stats = backend.update(batch, lr, micro_batch_size=step.micro_batch if a.grad_accum else None)  # (6)
+        stats = backend.update(batch, lr, micro_batch_size=ready.micro_batch if a.grad_accum else None)  # (6)
         counts = {"kept": len(batch), "tokens_trained": int(batch.loss_mask.sum())}
     else:  # every group filtered out on some rank (group_filter): no rank trains this step
         token_metrics, stats, counts = {}, {"optimizer_steps": 0}, {"kept": 0, "tokens_trained": 0}
-    times.append(time.perf_counter())
-    if engine.needs_sync and rows["prompt"]:
+    t1 = time.perf_counter()
+    if engine is not None and engine.needs_sync and rows["prompt"]:
         engine.load_weights(backend.export_weights())  # (7)
-    times.append(time.perf_counter())
-    spent = {**every.seconds, **dict(zip(("t_select", "t_update", "t_sync"), (b - a_ for a_, b in zip(times, times[1:]))))}
-    counts = {"kept": counts["kept"], "tokens": every.tokens, "tokens_trained": counts["tokens_trained"]}
-    counts["truncated"] = every.finish.count("length") / len(every.scores)
-    return {**stats, **spent, **metrics, **counts, **first.metrics, **token_metrics, **refill}
+    m = ready.metrics
+    spent = {"t_generate": m["t_generate"], "t_score": m["t_score"], "t_select": m["t_select"], "t_update": t1 - t0}
+    spent["t_sync"] = time.perf_counter() - t1
+    counts = {"kept": counts["kept"], "tokens": m["tokens"], "tokens_trained": counts["tokens_trained"], "truncated": m["truncated"]}
+    rewards = {k: v for k, v in m.items() if k not in spent and k not in counts}
+    staleness = {"staleness_max": max(stale, default=0), "staleness_mean": sum(stale) / len(stale) if stale else 0.0}
+    return {**stats, **spent, **rewards, **counts, **ready.engine, **token_metrics, **ready.refill, **staleness}
 
 
 def _due(last: float, now: float, every: float | None) -> bool:
@@ -169,6 +147,8 @@ class Run:
         self.sampler = PromptSampler(len(self.train_ids), t.prompts_per_step, cfg.seed, self.dist.rank, self.dist.world, t.group_repeats)
         self.gen = torch.Generator().manual_seed(cfg.seed + self.dist.rank)  # the random down-sampling rule's stream
         self.state, self.ckpt_dir = LoopState(), self.run_dir / "checkpoints"
+        self.producer: Producer | None = None  # train.max_staleness >= 1: started by ``start_producer``
+        self.next_batch = 1  # the producer's next batch (a checkpoint's, on resume)
         lockstep = self.backend.collective_forward and not self.engine.needs_sync  # generating with the ZeRO-3 module
         self.test_prompts = len(test_ids)
         self.test_ids, self.test_golds = self.dist.shard(test_ids, [ex.gold for ex in test_ex], lockstep=lockstep)
@@ -182,6 +162,7 @@ class Run:
             loop, extra = checkpoint.load(path, self.backend, self.sampler, self.dist)
             self.state = LoopState(**loop)
             self.gen.set_state(extra["select"])
+            self.next_batch = int(extra.get("producer", {}).get("next_batch", self.state.step + 1))
             if self.dist.is_main:
                 self.log.info(f"resumed from {path} at step {self.state.step}")
 
@@ -196,20 +177,43 @@ class Run:
     def prompts_of(self, idx: list[int]) -> tuple[list, list]:
         return [self.train_ids[i] for i in idx], [self.golds[i] for i in idx]
 
+    def start_producer(self) -> None:
+        """``train.max_staleness >= 1``: the producer thread, serving the current (maybe resumed) policy."""
+        if self.cfg.train.max_staleness:
+            self.producer = Producer(self, version=self.state.step, next_batch=self.next_batch)
+
     def step(self) -> dict:
         """Steps (1)-(8): this rank's prompts, the rollout step, the clock, the log row."""
         clock, st, cfg = time.perf_counter(), self.state, self.cfg
-        prompts, golds = self.prompts_of(self.sampler.next())  # (1)
         p = progress_of(st, cfg.train)
         p_next = progress_of(LoopState(step=st.step + 1, train_time=st.train_time), cfg.train)
         lr = step_lr(cfg.optim, p, p_next)  # the LR of each optimizer step of this rollout step (mini-batches)
-        more = lambda: self.prompts_of(self.sampler.next())  # noqa: E731 - a refill's next batch (pods.refill)
-        row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p, more)
+        if self.producer is None:
+            prompts, golds = self.prompts_of(self.sampler.next())  # (1)
+            more = lambda: self.prompts_of(self.sampler.next())  # noqa: E731 - a refill's next batch (pods.refill)
+            row = rollout_step(cfg, self.engine, self.backend, prompts, golds, self.gen, lr, self.tok.pad_token_id, self.dist, p, more)
+        else:
+            row = self.overlapped_step(p, lr)
         row = self.dist.reduce_metrics(row)
         st.step += 1
         st.train_time += self.dist.max(time.perf_counter() - clock)  # the slowest rank's time: one clock for all
         self.logger.log({"kind": "train", "step": st.step, "train_time": st.train_time, **row})  # (8)
         return row
+
+    def overlapped_step(self, p: float, lr) -> dict:
+        """Steps (1)-(7) with the producer (``pods.producer``): batch u was generated while update u - 1 ran, and batch
+        u + k is generated while update u runs; then the producer's engine serves version u. ``t_wait``: the seconds the
+        trainer waited for the producer (the rest of t_generate, t_score and t_select overlapped the update)."""
+        st, prod = self.state, self.producer
+        prod.top_up(st, lambda b: progress_of(LoopState(step=b - 1, train_time=st.train_time), self.cfg.train))
+        t0 = time.perf_counter()
+        ready = prod.take(st.step + 1)
+        waited = time.perf_counter() - t0
+        row = learn(self.cfg, None, self.backend, ready, lr, self.tok.pad_token_id, self.dist, p, version=st.step)
+        t1 = time.perf_counter()
+        idle = prod.settle(st.step + 1)  # (7): once the producer is idle
+        row["t_sync"] = time.perf_counter() - t1 - idle
+        return {**row, "t_wait": waited + idle}
 
     def evaluate(self) -> dict:
         """(9), off the training clock: every rank scores its share of the test prompts."""
@@ -233,11 +237,12 @@ class Run:
 
     def save(self) -> None:
         """(10): the resumable state of every rank, newest ``train.keep_checkpoints`` kept."""
-        st = self.state
+        st, extra = self.state, {"select": self.gen.get_state()}
+        if self.producer is not None:  # drained: the next batch is generated from the weights saved here
+            self.producer.rewind()
+            extra = {**extra, "select": self.gen.get_state(), "producer": {"next_batch": self.producer.next, "version": st.step}}
         path = self.ckpt_dir / f"step_{st.step:06d}.pt"
-        checkpoint.save(
-            path, asdict(st), self.backend, self.sampler, {"select": self.gen.get_state()}, self.dist, keep=self.cfg.train.keep_checkpoints
-        )
+        checkpoint.save(path, asdict(st), self.backend, self.sampler, extra, self.dist, keep=self.cfg.train.keep_checkpoints)
         st.last_ckpt = st.train_time
 
     def finished(self) -> bool:
@@ -269,6 +274,8 @@ class Run:
         if not stopped and at_end != "full":
             checkpoint.discard(self.ckpt_dir, self.dist)  # a finished run resumes no more: its periodic checkpoints go
         self.logger.close()
+        if self.producer is not None:
+            self.producer.close()
         if hasattr(self.engine, "close"):
             self.engine.close()  # after the last collective: closing vLLM tears down its process groups
         return last
@@ -285,6 +292,7 @@ def train(cfg: dict | Root, run_dir: str | Path) -> dict:
     run.resume()
     if run.engine.needs_sync:  # the engine serves the trainer's policy (a 4-bit base: its NF4 values), or the resumed one
         run.engine.load_weights(run.backend.export_weights())
+    run.start_producer()  # train.max_staleness >= 1
     run.open_logger()
     stop = StopFlag().install()  # (SLURM pre-emption) -> checkpoint at the next step boundary, then exit
     a, ev = run.cfg.algorithm, run.cfg.eval

@@ -47,6 +47,7 @@ class Groups:
     tokens: int = 0  # completion tokens generated
     metrics: dict = field(default_factory=dict)  # the engine's metrics (of the step's first batch)
     seconds: dict = field(default_factory=dict)  # t_generate, t_score: this batch's (joined: summed)
+    versions: list[int] | None = None  # [G * n] the oldest policy version among each rollout's tokens
 
     @property
     def rewards(self) -> torch.Tensor:
@@ -68,6 +69,7 @@ class Groups:
             sum(len(c) for c in pick(self.completions)),
             self.metrics,
             self.seconds,
+            pick(self.versions) if self.versions is not None else None,
         )
 
     @staticmethod
@@ -76,13 +78,14 @@ class Groups:
         cat = lambda name: [x for p in parts for x in getattr(p, name)]  # noqa: E731
         fields_ = ("prompts", "golds", "completions", "logprobs", "finish", "scores")
         seconds = {k: sum(p.seconds.get(k, 0.0) for p in parts) for k in first.seconds}
-        return Groups(first.n, *(cat(f) for f in fields_), sum(p.tokens for p in parts), first.metrics, seconds)
+        versions = cat("versions") if all(p.versions is not None for p in parts) else None
+        return Groups(first.n, *(cat(f) for f in fields_), sum(p.tokens for p in parts), first.metrics, seconds, versions)
 
 
 def generate_groups(cfg: Root, engine, prompts: list[list[int]], golds: list[str]) -> Groups:
     """(2) n rollouts per prompt, (3) their scores; ``algorithm.overlong_buffer`` adds the reward term ``overlong``."""
     a, s, ds, n = cfg.algorithm, cfg.sampling, cfg.dataset, cfg.algorithm.n
-    t0 = time.perf_counter()
+    t0, version = time.perf_counter(), engine.version  # the version it serves as the batch is submitted
     ro = engine.generate(prompts, n, Sampling.draw(s))
     t1 = time.perf_counter()
     scores = score_batch(ro.texts, [g for g in golds for _ in range(n)], ds.recipe, ds.grader, timeout_s=ds.grade_timeout_s)
@@ -90,8 +93,19 @@ def generate_groups(cfg: Root, engine, prompts: list[list[int]], golds: list[str
         for sc, c in zip(scores, ro.completion_ids):
             sc.terms = {**sc.terms, "overlong": overlong_penalty(len(c), s.max_tokens, a.overlong_buffer, a.overlong_penalty)}
     seconds = {"t_generate": t1 - t0, "t_score": time.perf_counter() - t1}
+    versions = list(ro.versions) if ro.versions is not None else [version] * len(ro.completion_ids)
     return Groups(
-        n, list(prompts), list(golds), ro.completion_ids, ro.logprobs, ro.finish_reasons, scores, ro.num_tokens, ro.metrics, seconds
+        n,
+        list(prompts),
+        list(golds),
+        ro.completion_ids,
+        ro.logprobs,
+        ro.finish_reasons,
+        scores,
+        ro.num_tokens,
+        ro.metrics,
+        seconds,
+        versions,
     )
 
 

@@ -65,6 +65,7 @@ class TrainBatch:
     group: torch.Tensor | None = None  # [B] long: the prompt group of each row (rows of one group share a prompt)
     agg_weights: torch.Tensor | None = None  # [B, 1] or [B, C]: the aggregation's factor (bnpo), on the whole loss
     weight_norm_mask: torch.Tensor | None = None  # [B, C]: set = token_weights divided per micro-batch by their mean here
+    staleness: torch.Tensor | None = None  # [B] long: policy versions between each row's oldest token and this update
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -74,6 +74,8 @@ class GapCheck:
         if t_loss != "sampling" and float(t_loss) != cfg.sampling.temperature:
             why = f"algorithm.loss_temperature={t_loss} != sampling.temperature={cfg.sampling.temperature}: the gap would measure the temperature"
             return cls("off", warn, why)
+        if cfg.train.max_staleness:  # docs/async.md: the rows' policy is up to k versions older than the trainer's
+            return cls("mismatch", warn, f"train.max_staleness={cfg.train.max_staleness}: rollouts of older policy versions")
         name = cfg.rollout.name
         mode, why = ENGINES.get(name).gap_meaning(cfg) if name in ENGINES.names() else ("sync", "")
         return cls(mode, warn, why)

@@ -105,6 +105,9 @@ class Train(Section):
     # dynamic sampling (DAPO; pods.refill, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
     group_filter: Literal["none", "nonzero_std"] = "none"
     refill_batches: Annotated[int, Field(ge=0)] = 0  # extra prompt batches generated at most per step to refill dropped groups
+    # asynchronous rollouts (pods.producer, docs/async.md): 0 = the synchronous loop; k >= 1 = a producer thread
+    # generates ahead, and no row trained by update u has a token older than policy version u - 1 - k
+    max_staleness: Annotated[int, Field(ge=0)] = 0
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:

@@ -48,7 +48,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
         ],
     ),
     5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env", "pods.resume"]),
-    6: ("composition + run", ["pods.compose", "pods.loop", "pods.refill", "pods.launch", "pods.eval.*"]),
+    6: ("composition + run", ["pods.compose", "pods.loop", "pods.producer", "pods.refill", "pods.launch", "pods.eval.*"]),
     7: (
         "entry points",
         [
