@@ -34,7 +34,7 @@ def untimed(rows: list[dict]) -> list[dict]:
 
 
 def test_behaviour_is_run_logs_weights_and_staleness(tiny_dir, tmp_path):
-    rows = [r for r in train(tmp_path / "run", "algorithm.correction=behaviour_is") if r["kind"] == "train"]
+    rows = [r for r in train(tmp_path / "run", "algorithm.correction=behaviour_is", "eval.at_start=false") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r["staleness_mean"] == 0.0 and r["staleness_max"] == 0.0  # the synchronous loop
