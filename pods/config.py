@@ -72,14 +72,15 @@ def _algorithm(a) -> None:
     from pods.downsample import RULES
     from pods.losses import AGGREGATIONS, POLICY_LOSSES
     from pods.schedules import RAMPS
-    from pods.tokens import CORRECTIONS, TOKEN_SELECTORS
+    from pods.tokens import CORRECTIONS, TOKEN_SELECTORS, correction_names
 
     _name(RULES, a.rule, "algorithm.rule")
     _name(ADVANTAGES, a.advantage, "algorithm.advantage")
     _name(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss")
     _name(AGGREGATIONS, a.loss_agg, "algorithm.loss_agg")
     _name(TOKEN_SELECTORS, a.token_rule, "algorithm.token_rule")
-    _name(CORRECTIONS, a.correction, "algorithm.correction")
+    for name in correction_names(a):  # one name, or a list run in turn
+        _name(CORRECTIONS, name, "algorithm.correction")
     cross = RULES.spec(a.rule).cross_group
     need(
         not cross or a.advantage_scope == "group",

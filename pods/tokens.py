@@ -35,6 +35,8 @@ TOKEN_SELECTORS = Registry("token selector", spec=TokenSpec)
 CORRECTIONS = Registry("sampler correction", spec=TokenSpec)
 # Sparse-RL: rejection + importance reweighting
 CORRECTIONS.register_lazy("sparse_rl", "pods.sparse_rl:sparse_rl", spec=TokenSpec(needs_stats=True))
+# truncated importance weights against the sampler's log-probs (stale or mismatched rollouts)
+CORRECTIONS.register_lazy("behaviour_is", "pods.behaviour_is:behaviour_is", spec=TokenSpec(needs_stats=True))
 
 
 @dataclass
@@ -67,12 +69,27 @@ def no_correction(batch, ctx: StepContext) -> dict:
     return {}
 
 
+def correction_names(alg: Algorithm) -> tuple[str, ...]:
+    """``algorithm.correction`` as the names run in turn (one name, or a list)."""
+    return (alg.correction,) if isinstance(alg.correction, str) else tuple(alg.correction)
+
+
+def staleness_stats(batch, dist) -> dict:
+    """Each row's staleness (``batch.staleness`` [B]: policy versions between its oldest token and this update; absent
+    or None = 0, the synchronous loop) over the step's rows on every rank: mean and max."""
+    s = getattr(batch, "staleness", None)
+    values = [] if s is None else [float(x) for x in s.tolist()]
+    total, rows = dist.reduce([sum(values), float(len(batch))])
+    return {"staleness_mean": total / max(rows, 1.0), "staleness_max": dist.max(max(values, default=0.0))}
+
+
 def apply(batch, backend, alg: Algorithm, progress: float, dist) -> dict:
-    """Run the configured correction, then the token selector, on ``batch``; returns their metrics. ``alg``: the
+    """Run the configured corrections (in turn: each multiplies its weights into ``batch.token_weights``), then the token
+    selector, on ``batch``; returns their metrics (and the rows' staleness when the batch carries it). ``alg``: the
     algorithm section."""
-    corr = CORRECTIONS.get(alg.correction)
+    corrs = [CORRECTIONS.get(name) for name in correction_names(alg)]
     sel = TOKEN_SELECTORS.get(alg.token_rule)
-    specs = (CORRECTIONS.spec(alg.correction), TOKEN_SELECTORS.spec(alg.token_rule))
+    specs = (*(CORRECTIONS.spec(name) for name in correction_names(alg)), TOKEN_SELECTORS.spec(alg.token_rule))
     entropy = any(s.needs_entropy for s in specs)
     stats = None
     if entropy or any(s.needs_stats for s in specs):
@@ -80,4 +97,7 @@ def apply(batch, backend, alg: Algorithm, progress: float, dist) -> dict:
         if batch.old_logprobs is None:
             batch.old_logprobs = stats.logprobs
     ctx = StepContext(alg=alg, progress=progress, dist=dist, stats=stats)
-    return {**corr(batch, ctx), **sel(batch, ctx)}
+    out = staleness_stats(batch, dist) if getattr(batch, "staleness", None) is not None else {}
+    for corr in corrs:
+        out.update(corr(batch, ctx))
+    return {**out, **sel(batch, ctx)}

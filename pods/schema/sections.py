@@ -338,7 +338,9 @@ class Algorithm(Section):
     kl_clamp: PosF | None = None  # the k3 KL estimate clamped to [-kl_clamp, kl_clamp] (Sparse-RL's release: 10); null = none
     kl_weighted: bool = True  # the KL term multiplied by the correction's token weights (false: Sparse-RL's release)
     token_rule: str = "all"  # pods.tokens.TOKEN_SELECTORS: which completion tokens enter the loss
-    correction: str = "none"  # pods.tokens.CORRECTIONS: sampler-vs-policy correction (dense rollouts: none)
+    correction: str | list[str] = "none"  # pods.tokens.CORRECTIONS: sampler-vs-policy correction(s), a list runs each in turn
+    correction_level: Literal["token", "sequence"] = "token"  # behaviour_is: per-token ratio, or each row's geometric mean
+    correction_clip: PosF = 2.0  # behaviour_is: weights min(C, ratio), the truncation C (TIS's 2; >= 1)
     m_final: Pos | None = None  # D3S: kept rollouts at progress 1
     m_intra: Pos | None = None  # rule d3s_two_stage: rollouts per group its intra-group stage keeps first (null = n)
     token_keep: Frac | None = None  # D3S: fraction of tokens kept at progress 0
@@ -374,6 +376,20 @@ class Algorithm(Section):
         if self.m_intra is not None:
             top = max(m, self.m_final or m)
             need(top <= self.m_intra <= n, f"algorithm.m_intra must be in [max(m, m_final)={top}, n={n}] (or null), got {self.m_intra}")
+        return self
+
+    @model_validator(mode="after")
+    def _corrections(self) -> Algorithm:
+        """A list of corrections (run in turn, weights multiplied: pods.behaviour_is): distinct names, no ``none``."""
+        names = [self.correction] if isinstance(self.correction, str) else list(self.correction)
+        need(len(names) > 0, "algorithm.correction: an empty list; use none")
+        need(len(names) == len(set(names)), f"algorithm.correction lists a name twice: {names}")
+        need(len(names) == 1 or "none" not in names, f"algorithm.correction: 'none' cannot be combined with others: {names}")
+        self.correction = names[0] if len(names) == 1 else names
+        need(
+            self.correction_clip >= 1,
+            f"algorithm.correction_clip must be >= 1 (below 1 it scales down on-policy tokens), got {self.correction_clip}",
+        )
         return self
 
 
@@ -416,6 +432,16 @@ class Root(Section):
     def _overlong(self) -> Root:
         buf, top = self.algorithm.overlong_buffer, self.sampling.max_tokens
         need(buf is None or buf < top, f"algorithm.overlong_buffer ({buf}) must be < sampling.max_tokens ({top})")
+        return self
+
+    @model_validator(mode="after")
+    def _behaviour_is(self) -> Root:
+        on = "behaviour_is" in ([self.algorithm.correction] if isinstance(self.algorithm.correction, str) else self.algorithm.correction)
+        need(
+            not (on and self.train.old_logprobs == "sampler"),
+            "algorithm.correction=behaviour_is with train.old_logprobs=sampler: the clipped ratio is then already pi/pi_sampler, "
+            "and the weights would count it twice; use train.old_logprobs=policy",
+        )
         return self
 
     @model_validator(mode="after")

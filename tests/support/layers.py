@@ -22,6 +22,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.tokens",
             "pods.d3s",
             "pods.sparse_rl",
+            "pods.behaviour_is",  # truncated importance weights against the sampler (stale rollouts)
             "pods.schedules",
             "pods.step",
             "pods.data",

@@ -1,0 +1,51 @@
+"""``algorithm.correction=behaviour_is`` through the command line (tiny model, toy task, CPU, the synchronous loop:
+staleness 0): every step logs the weights' stats and the rows' staleness, and with the HF sampler (the trainer's own
+policy in float32) the weights are 1 up to the two forwards' rounding; ``algorithm.correction=none`` spelled out logs
+bit for bit the rows of a run of the main branch before the correction existed (tests/support/main_rows_80732e7.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pods.metrics import read_metrics
+from support.config import ROOT
+
+# the settings of tests/support/main_rows_80732e7.jsonl (tests/e2e/test_dynamic_sampling_on_cpu.py)
+SHORT = ["algorithm.n=4", "algorithm.m=2", "train.time_budget_s=null", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null"]
+STEPS = ["train.max_steps=3", "train.prompts_per_step=2"]
+TIMING = ("train_time", "t_")
+
+
+def train(run_dir: Path, *extra: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "pods.train", *SHORT, *STEPS, *extra, f"hydra.run.dir={run_dir}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING) and k != "model_dir"} for r in rows]
+
+
+def test_behaviour_is_run_logs_weights_and_staleness(tiny_dir, tmp_path):
+    rows = [r for r in train(tmp_path / "run", "algorithm.correction=behaviour_is", "eval.at_start=false") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["staleness_mean"] == 0.0 and r["staleness_max"] == 0.0  # the synchronous loop
+        assert r["bis_weight_mean"] == pytest.approx(1.0, abs=1e-3) and r["bis_weight_max"] < 1.01
+        assert r["bis_clipped_frac"] == 0.0 and r["tokens_trained"] > 0
+
+
+@pytest.mark.slow  # a second run through the command line (make test-all)
+def test_correction_none_logs_what_main_logged(tiny_dir, tmp_path):
+    want = [json.loads(line) for line in (ROOT / "tests" / "support" / "main_rows_80732e7.jsonl").read_text().splitlines()]
+    got = untimed(train(tmp_path / "run", "algorithm.correction=none"))
+    assert len(got) == len(want)
+    for g, w in zip(got, untimed(want)):
+        assert {k: g.get(k) for k in w} == w
