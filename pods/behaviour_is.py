@@ -12,8 +12,8 @@ trainer-vs-vLLM correction of Yao et al. 2025, C = 2). The sequence level takes 
 of the token ratios: the product's log is a sum over the row's tokens, so its spread grows with the length and a
 fixed C clips nearly every long row; the length-normalised mean is how GSPO (arXiv 2507.18071) defines a sequence's
 ratio. Composition: corrections run in the order of ``algorithm.correction``; each multiplies its weights into
-``batch.token_weights``, so ``[sparse_rl, behaviour_is]`` trains with w_sparse_rl x w_behaviour_is (both read the
-same sampler log-probs: the product counts the ratio twice; docs/async-measured.md). PODS' down-sampling has chosen
+``batch.token_weights``; ``[sparse_rl, behaviour_is]`` is refused (both weight by pi_old / sampler: Sparse-RL's weights
+already correct stale compressed-KV rollouts; docs/async-measured.md). PODS' down-sampling has chosen
 the rows before; a token selector (D3S) masks tokens after, on the weighted batch.
 """
 

@@ -81,6 +81,11 @@ def _algorithm(a) -> None:
     _name(TOKEN_SELECTORS, a.token_rule, "algorithm.token_rule")
     for name in correction_names(a):  # one name, or a list run in turn
         _name(CORRECTIONS, name, "algorithm.correction")
+    need(
+        not {"sparse_rl", "behaviour_is"} <= set(correction_names(a)),
+        "algorithm.correction=[sparse_rl,behaviour_is] would weight by pi_old/sampler twice: sparse_rl's weights already "
+        "correct against whatever sampler made the tokens, stale or compressed; use algorithm.correction=sparse_rl",
+    )
     cross = RULES.spec(a.rule).cross_group
     need(
         not cross or a.advantage_scope == "group",

@@ -18,7 +18,10 @@ from pods.eval.benchmarks import Pos, Suite, load_benchmark, selected
 from pods.eval.weights import Target
 from pods.schema import Section, _validate
 
-PACKAGES = {"vllm": "vllm", "vllm_server": "vllm"}  # engines that need a package pods does not install with itself: checked before a model loads
+PACKAGES = {
+    "vllm": "vllm",
+    "vllm_server": "vllm",
+}  # engines that need a package pods does not install with itself: checked before a model loads
 
 
 class Options(Section):

@@ -113,20 +113,6 @@ def _random_batch(backend, shift: float, seed: int = 0):
     return batch, old
 
 
-def test_composes_with_sparse_rl_as_the_product_of_the_weights(backend):
-    """``algorithm.correction=[sparse_rl, behaviour_is]``: Sparse-RL's mask and normalised weights, times min(C, r)."""
-    from pods.sparse_rl import sparse_rl_weights
-
-    batch, old = _random_batch(backend, 0.3)
-    alg = check(compose(["algorithm=grpo", "algorithm.correction=[sparse_rl,behaviour_is]"])).algorithm
-    new_mask, w_sparse, _ = sparse_rl_weights(old, batch.sampler_logprobs, batch.loss_mask.clone(), alg.sparse_rl)
-    w_bis, _ = behaviour_weights(old, batch.sampler_logprobs, new_mask, "token", 2.0)
-    m = tokens.apply(batch, backend, alg, 0.0, distributed.SINGLE)
-    assert torch.equal(batch.loss_mask, new_mask) and 0 < new_mask.sum() < (old != 0).sum()  # some tokens masked
-    assert torch.allclose(batch.token_weights, w_sparse * w_bis, atol=1e-6)
-    assert {"sparse_rl_weight_mean", "bis_weight_mean", "bis_clipped_frac"} <= set(m)
-
-
 def test_composes_with_d3s_token_selection(backend):
     """The correction weighs, then D3S's selector masks (top 50% of tokens by |A| x entropy): the weights stay."""
     batch, old = _random_batch(backend, 0.5, seed=1)
@@ -166,6 +152,7 @@ def test_weights_of_exactly_one_leave_the_update_bit_for_bit(tiny_dir):
         (["algorithm.correction=[none,behaviour_is]"], r"'none' cannot be combined"),
         (["algorithm.correction=[behaviour_is,behaviour_is]"], r"lists a name twice"),
         (["algorithm.correction=[sparse_rl,behaviour_iss]"], r"algorithm\.correction"),
+        (["algorithm.correction=[sparse_rl,behaviour_is]"], r"twice.*use algorithm\.correction=sparse_rl"),  # both weight by pi_old/mu
         (["algorithm.correction=behaviour_is", "train.old_logprobs=sampler"], r"count it twice"),
         (["algorithm.correction=behaviour_is", "rollout=vllm", "sampling.top_k=50"], r"sampling\.top_k=50.*correction=behaviour_is"),
     ],
