@@ -40,8 +40,10 @@ demo: $(STAMP) ## the CPU demo: GRPO-GA 64/16 vs PODS 64->16, 3 seeds each, + GR
 test: $(STAMP) ## unit tests + tiny end-to-end runs (about 8-10 min here): no vLLM, DeepSpeed ranks or SLURM
 	$(PY) -m pytest -q
 
+# test-all's pytest-xdist workers (TEST_WORKERS=0: one process); tests that share a fixture or the SLURM cluster stay on one worker
+TEST_WORKERS ?= 2
 test-all: $(STAMP) ## everything that runs on a CPU: + vLLM, 2-rank DeepSpeed/torchrun, a local SLURM cluster, long runs (.ci/run)
-	$(PY) -m pytest -q -m "not gpu and not exhaustive"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not gpu and not exhaustive"
 
 test-experiments: $(STAMP) ## every GPU experiment file through python -m pods.train / torchrun on the tiny model (test-all: one per code path)
 	$(PY) -m pytest -q -m "not gpu" tests/e2e/test_experiments.py -k command_line

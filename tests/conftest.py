@@ -23,6 +23,15 @@ import pytest  # noqa: E402
 from support.config import need_shared  # noqa: E402
 
 
+def pytest_configure(config):
+    """With pytest-xdist installed, ``-n N --dist loadgroup`` keeps the tests that share something on one worker
+    (support/xdist_groups.py)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        from support import xdist_groups
+
+        config.pluginmanager.register(xdist_groups, "pods_xdist_groups")
+
+
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     """The tiny model directory (built once into the repo's .cache, then reused)."""
