@@ -34,6 +34,7 @@ import torch
 from pods import checkpoint, distributed, resume, tokens
 from pods.backends import BACKENDS, build_batch
 from pods.config import validate
+from pods.d3s import strata
 from pods.data import PromptSampler
 from pods.engines import ENGINES
 from pods.eval.accuracy import answer_prob, canonical_answers, evaluate
@@ -115,6 +116,8 @@ def rollout_step(
         truncated=[f == "length" for f in groups.finish],
     )
     metrics = _reward_metrics(every.rewards, rows["reward"], every.scores, dist)
+    if cfg.train.log_strata:  # per prompt length: groups, zero-variance groups, kept rollouts (this rank's; pods.d3s)
+        metrics["strata"] = strata(prompts, rewards, rows["group"], dist.rank)
     times.append(time.perf_counter())
     if rows["prompt"]:
         batch = build_batch(rows["prompt"], rows["completion"], rows["logprobs"], rows["adv"], pad_id, groups=rows["group"])
