@@ -105,7 +105,7 @@ class Train(Section):
     # dynamic sampling (DAPO; pods.refill, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
     group_filter: Literal["none", "nonzero_std"] = "none"
     refill_batches: Annotated[int, Field(ge=0)] = 0  # extra prompt batches generated at most per step to refill dropped groups
-    log_strata: bool = False  # log per prompt length (toy_sum: the term count) groups, zero-variance groups, kept rollouts, reward (pods.d3s.strata)
+    log_strata: bool = False  # per prompt length: groups, zero-variance groups, kept and correct rollouts (pods.d3s.strata)
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:
@@ -414,7 +414,12 @@ class Root(Section):
 # group -> {option name: model}; "*" is every other name (a test's engine registered under its own name: all shapes tried)
 SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
     "model": {"*": Model},
-    "dataset": {"toy_arith": ToyDataset, "toy_long": ToyLongDataset, "toy_sum": ToyLongDataset, "*": (HubDataset, ToyDataset, ToyLongDataset)},
+    "dataset": {
+        "toy_arith": ToyDataset,
+        "toy_long": ToyLongDataset,
+        "toy_sum": ToyLongDataset,
+        "*": (HubDataset, ToyDataset, ToyLongDataset),
+    },
     "rollout": {"hf": HfRollout, "vllm": VllmRollout, "sparse_hf": SparseHfRollout, "*": (HfRollout, VllmRollout, SparseHfRollout)},
     "logger": {"none": NoLogger, "wandb": Wandb, "*": (NoLogger, Wandb)},
 }

@@ -25,7 +25,10 @@ def test_strata_counts_groups_zero_variance_kept_and_reward_per_prompt_length():
     rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]])
     kept = [2, 2, 0]  # global group indices of the trained rows (rank 0, G = 3)
     assert strata(prompts, rewards, kept) == {"22": [2, 1, 3, 5.0], "34": [1, 1, 0, 0.0]}
-    assert strata(prompts, rewards, [3, 4, 9], rank=1) == {"22": [2, 1, 1, 5.0], "34": [1, 1, 1, 0.0]}  # rank 1: groups 3..5; 9 is not its own
+    assert strata(prompts, rewards, [3, 4, 9], rank=1) == {
+        "22": [2, 1, 1, 5.0],
+        "34": [1, 1, 1, 0.0],
+    }  # rank 1: groups 3..5; 9 is not its own
 
 
 def test_the_five_arms_differ_only_in_the_algorithm_with_one_normaliser_and_no_clipping():
