@@ -37,7 +37,7 @@ LABEL = {
 WINDOW = 10
 SUMMARY = [
     "arm", "seed", "steps", "train_time_s", "tokens_generated", "tokens_trained", "kept_per_step", "acc_test_final",
-    "acc_first", "acc_last", "zero_var", "entropy_kept", "entropy_dropped", "entropy_ratio",
+    "answer_prob_final", "acc_first", "acc_last", "zero_var", "entropy_kept", "entropy_dropped", "entropy_ratio",
 ]  # fmt: skip
 
 
@@ -119,6 +119,7 @@ def run_row(arm: str, seed: int, rows: list[dict]) -> dict:
         "tokens_trained": sum(r["tokens_trained"] for r in train),
         "kept_per_step": _mean(r["kept"] for r in train),
         "acc_test_final": [r for r in rows if r["kind"] == "eval"][-1]["accuracy"],
+        "answer_prob_final": [r for r in rows if r["kind"] == "eval"][-1].get("answer_prob"),
         "acc_first": statistics.fmean(acc[:WINDOW]),
         "acc_last": statistics.fmean(acc[-WINDOW:]),
         "zero_var": statistics.fmean(r["zero_var_groups"] for r in train),
