@@ -159,7 +159,7 @@ reproduce-d3s-mixed-cpu: $(STAMP) ## here: the D3S ablation on toy_sum (mixed di
 	$(PY) -m pods.results.d3s_mixed reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 
 figure-d3s-mixed-cpu: $(STAMP) ## redraw results/cpu/d3s_mixed/ (summary, curves, strata, predictions) from its copied runs
-	$(PY) -m pods.results.d3s_mixed summarize
+	$(PY) -m pods.results.d3s_mixed summarize $(if $(SEEDS),--seeds $(SEEDS))
 
 .PHONY: reproduce-pods-per-step-cpu figure-pods-per-step-cpu
 reproduce-pods-per-step-cpu: $(STAMP) ## here: GRPO 16/16 vs PODS 64->16 by steps, binary reward, many zero-variance groups, 5 seeds, + GPU cost model -> results/cpu/pods_per_step/

@@ -80,7 +80,7 @@ def reproduce(seeds: list[int], out: Path, runs: Path, extra: list[str], arms: l
                 keep.mkdir(parents=True, exist_ok=True)
                 for name in ("config.json", "metrics.jsonl"):
                     shutil.copy(run_dir / name, keep / name)
-    summarize(out)
+    summarize(out, seeds)
 
 
 def window(xs: list[float], w: int = WINDOW) -> np.ndarray:
@@ -90,12 +90,12 @@ def window(xs: list[float], w: int = WINDOW) -> np.ndarray:
     return (c[i] - c[np.maximum(i - w, 0)]) / np.minimum(i, w)
 
 
-def load(out: Path) -> dict[str, dict[int, list[dict]]]:
-    """{arm: {seed: train and eval rows}} of the copied runs under ``out/runs``."""
+def load(out: Path, seeds: list[int] | None = None) -> dict[str, dict[int, list[dict]]]:
+    """{arm: {seed: train and eval rows}} of the copied runs under ``out/runs`` (of ``seeds`` only, when given)."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for d in sorted((out / "runs").glob("*_s*")):
         arm, seed = d.name.rsplit("_s", 1)
-        if arm in ARMS and finished(d):
+        if arm in ARMS and finished(d) and (seeds is None or int(seed) in seeds):
             runs.setdefault(arm, {})[int(seed)] = read_metrics(d / "metrics.jsonl")
     return {a: runs[a] for a in ARMS if a in runs}
 
@@ -241,11 +241,12 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def summarize(out: Path) -> list[dict]:
-    """summary.csv (arm x seed), curves.csv (by step and tokens), strata.csv, predictions.json, accuracy.png."""
+def summarize(out: Path, seeds: list[int] | None = None) -> list[dict]:
+    """summary.csv (arm x seed), curves.csv (by step and tokens), strata.csv, predictions.json, accuracy.png, from the
+    finished runs of ``seeds`` (None: all)."""
     from pods.results.report import write_csv
 
-    runs = load(out)
+    runs = load(out, seeds)
     if not runs:
         raise SystemExit(f"no finished run under {out / 'runs'}")
     table = [run_row(arm, seed, rows) for arm, seeds in runs.items() for seed, rows in sorted(seeds.items())]
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "reproduce":
         reproduce(args.seeds, args.out, args.runs, args.overrides, args.arms)
     else:
-        summarize(args.out)
+        summarize(args.out, args.seeds)
 
 
 if __name__ == "__main__":
