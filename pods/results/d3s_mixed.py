@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=Path, default=Path("runs/d3s_mixed"))
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS)
     ap.add_argument("overrides", nargs="*", help="extra KEY=VALUE overrides for every run (tests: tiny budgets)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.what == "reproduce":
         reproduce(args.seeds, args.out, args.runs, args.overrides, args.arms)
     else:
