@@ -159,6 +159,13 @@ reproduce-figure-cpu: $(STAMP) ## here: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 x
 figure-cpu: $(STAMP) ## redraw results/cpu/ (figure, CSV, summary with both speed-up metrics) from results/cpu/runs
 	$(PY) -m pods.demo summarize --out results/cpu
 
+.PHONY: reproduce-d3s-mixed-cpu figure-d3s-mixed-cpu
+reproduce-d3s-mixed-cpu: $(STAMP) ## here: the D3S ablation on toy_sum (mixed difficulty), 5 arms x 3 seeds x 40 steps, one at a time (finished runs kept: rerun to continue) -> results/cpu/d3s_mixed/
+	$(PY) -m pods.results.d3s_mixed reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+
+figure-d3s-mixed-cpu: $(STAMP) ## redraw results/cpu/d3s_mixed/ (summary, curves, strata, predictions) from its copied runs
+	$(PY) -m pods.results.d3s_mixed summarize $(if $(SEEDS),--seeds $(SEEDS))
+
 .PHONY: reproduce-pods-per-step-cpu figure-pods-per-step-cpu
 reproduce-pods-per-step-cpu: $(STAMP) ## here: GRPO 16/16 vs PODS 64->16 by steps, binary reward, many zero-variance groups, 5 seeds, + GPU cost model -> results/cpu/pods_per_step/
 	$(PY) -m pods.demo per-step $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)

@@ -170,3 +170,28 @@ def top_k_tokens(batch, ctx) -> dict:
         "entropy_kept": s_kept / max(n_kept, 1),
         "entropy_dropped": s_drop / max(n_drop, 1),
     }
+
+
+# ---- logging ------------------------------------------------------------------------------------------------
+def strata(prompts: list[list[int]], rewards: Tensor, kept_groups: list[int], rank: int = 0) -> dict[str, list[int]]:
+    """Per prompt length in tokens (on toy_sum the length fixes the term count, the difficulty): this rank's
+    ``[groups, zero-variance groups, kept rollouts, summed reward of all rollouts]`` (``train.log_strata``; under a
+    binary reward the last is the number of correct rollouts).
+
+    Args:
+        prompts: this rank's G prompts (token ids).
+        rewards: ``[G, n]`` their rollouts' rewards.
+        kept_groups: the global group index ``rank * G + g`` of every rollout this rank trains (a whole-step rule can
+            move rows across ranks: those of other ranks' groups are not counted here; on one process all are).
+        rank: this rank.
+    """
+    G, out = len(prompts), {}
+    for g, p in enumerate(prompts):
+        row = out.setdefault(str(len(p)), [0, 0, 0, 0.0])
+        row[0] += 1
+        row[1] += int(bool((rewards[g] == rewards[g][0]).all()))
+        row[3] += float(rewards[g].sum())
+    for g in kept_groups:
+        if 0 <= g - rank * G < G:
+            out[str(len(prompts[g - rank * G]))][2] += 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pods import checkpoint
+from pods.d3s import strata
 from pods.engines.base import Engine
 from pods.refill import fill_step, generate_groups
 from pods.schema import Root
@@ -88,6 +89,8 @@ def prepare(cfg: Root, engine, micro_batch_size, prompts, golds, gen, dist, prog
         version=groups.versions,
     )
     metrics = reward_metrics(every.rewards, rows["reward"], every.scores, dist)
+    if cfg.train.log_strata:  # per prompt length: groups, zero-variance groups, kept rollouts (this rank's; pods.d3s)
+        metrics["strata"] = strata(prompts, rewards, rows["group"], dist.rank)
     seconds = {**every.seconds, "t_select": time.perf_counter() - t0}
     counts = {"tokens": every.tokens, "truncated": every.finish.count("length") / len(every.scores)}
     return Ready(rows, step.micro_batch, {**seconds, **metrics, **counts}, first.metrics, refill)

@@ -5,7 +5,9 @@ as hub models (and in vLLM: head_dim = 128 / 4 = 32). The first call trains a by
 on toy-task text, builds the model, gives it a short label-smoothed supervised warm start on the toy task's
 TRAIN split (800 steps: greedy decoding then solves ~98% of the test sums, but sampling at T = 1 puts a stray token into
 most answers: RL starts near 15% sampled accuracy with room to ~95%, see docs/cpu-miniature.md), and saves;
-later calls hit the cache (keyed by a hash of the spec). The tokenizer pre-splits text with Qwen2's own regex,
+later calls hit the cache (keyed by a hash of the spec). A spec with a ``base`` (another tiny spec) skips the
+tokenizer and the random init: it continues the base model (shipped, or built first) with its own warm start on its
+own task (toy_sum's model continues toy_long's). The tokenizer pre-splits text with Qwen2's own regex,
 so ``AutoTokenizer`` (which maps model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode
 identically.
 """
@@ -147,7 +149,7 @@ def dataset_section(spec: dict | None = None):
 
 def _train_tiny(spec: dict):
     """The tokenizer trained on the task's text and the warm-started model (float32, eval mode)."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig
 
     torch.manual_seed(spec["seed"])
     from pods.tasks import DATASETS
@@ -156,23 +158,12 @@ def _train_tiny(spec: dict):
     loader = DATASETS.get(name)
     target = DATASETS.spec(name).sft_target or canonical  # hook: another task warm-starts via its spec's ``sft_target``
     data = loader(dataset_section(spec))
-    texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
-    tok = build_tokenizer(texts, spec["vocab_size"])
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=spec["hidden_size"],
-        intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        max_position_embeddings=spec["max_position_embeddings"],
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=None,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(cfg).float()
+    if spec.get("base"):  # continue from another tiny model (its tokenizer and weights): a short warm start on this task
+        model, tok = _continued(spec["base"])
+    else:
+        texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
+        tok = build_tokenizer(texts, spec["vocab_size"])
+        model = _fresh(spec, tok)
     warm_start(
         model,
         tok,
@@ -188,6 +179,35 @@ def _train_tiny(spec: dict):
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
     )
     return model, tok
+
+
+def _continued(base: dict):
+    """The model and tokenizer of the tiny spec ``base`` (shipped, or built first), in float32 train mode."""
+    from transformers import Qwen2ForCausalLM
+
+    path = ensure_tiny(base)
+    return Qwen2ForCausalLM.from_pretrained(str(path)).float(), load_tokenizer(path)
+
+
+def _fresh(spec: dict, tok):
+    """A randomly initialised Qwen2 of the spec's shape for the tokenizer ``tok``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
+    return Qwen2ForCausalLM(cfg).float()
 
 
 def _publish(model, tok, info: dict, out_dir: Path) -> None:

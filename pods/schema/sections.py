@@ -108,6 +108,7 @@ class Train(Section):
     # asynchronous rollouts (pods.producer, docs/async.md): 0 = the synchronous loop; k >= 1 = a producer thread
     # generates ahead, and no row trained by update u has a token older than policy version u - 1 - k
     max_staleness: Annotated[int, Field(ge=0)] = 0
+    log_strata: bool = False  # per prompt length: groups, zero-variance groups, kept and correct rollouts (pods.d3s.strata)
 
     @model_validator(mode="after")
     def _horizon(self) -> Train:
@@ -454,7 +455,12 @@ class Root(Section):
 # group -> {option name: model}; "*" is every other name (a test's engine registered under its own name: all shapes tried)
 SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
     "model": {"*": Model},
-    "dataset": {"toy_arith": ToyDataset, "toy_long": ToyLongDataset, "*": (HubDataset, ToyDataset, ToyLongDataset)},
+    "dataset": {
+        "toy_arith": ToyDataset,
+        "toy_long": ToyLongDataset,
+        "toy_sum": ToyLongDataset,
+        "*": (HubDataset, ToyDataset, ToyLongDataset),
+    },
     "rollout": {
         "hf": HfRollout,
         "vllm": VllmRollout,

@@ -8,6 +8,7 @@ from pods.tasks.base import DATASETS, GRADERS, RECIPES, Example, Score, TaskData
 _MODULES = [
     "pods.tasks.toy",
     "pods.tasks.toy_long",
+    "pods.tasks.toy_sum",
     "pods.tasks.graders",
     "pods.tasks.recipes",
     "pods.tasks.gsm8k",
