@@ -43,18 +43,8 @@ def backend_for(tiny_dir, overrides=()):
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_dir):
-    from pods.models import load_tokenizer
-
-    return load_tokenizer(str(tiny_dir))
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    from pods.tasks import DATASETS, encode_prompts
-
-    task = DATASETS.get("toy_arith")(check(compose()).dataset)
-    return encode_prompts(task.test[:6], tok, None)[0]
+def prompts(toy_test_prompts):
+    return toy_test_prompts[:6]
 
 
 @pytest.fixture(scope="module")

@@ -33,18 +33,8 @@ SAMPLED = {"temperature": 0.7, "max_tokens": 12, "seed": 7}
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_dir):
-    from pods.models import load_tokenizer
-
-    return load_tokenizer(str(tiny_dir))
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    from pods.tasks import DATASETS, encode_prompts
-
-    task = DATASETS.get("toy_arith")(check(compose()).dataset)
-    return encode_prompts(task.test[:4], tok, None)[0]
+def prompts(toy_test_prompts):
+    return toy_test_prompts[:4]
 
 
 @pytest.fixture(scope="module")
