@@ -85,7 +85,7 @@ def staleness_stats(batch, dist) -> dict:
 
 def apply(batch, backend, alg: Algorithm, progress: float, dist) -> dict:
     """Run the configured corrections (in turn: each multiplies its weights into ``batch.token_weights``), then the token
-    selector, on ``batch``; returns their metrics (and the rows' staleness when the batch carries it). ``alg``: the
+    selector, on ``batch``; returns their metrics (the rows' staleness is the loop's: ``pods.loop.learn``). ``alg``: the
     algorithm section."""
     corrs = [CORRECTIONS.get(name) for name in correction_names(alg)]
     sel = TOKEN_SELECTORS.get(alg.token_rule)
@@ -97,7 +97,7 @@ def apply(batch, backend, alg: Algorithm, progress: float, dist) -> dict:
         if batch.old_logprobs is None:
             batch.old_logprobs = stats.logprobs
     ctx = StepContext(alg=alg, progress=progress, dist=dist, stats=stats)
-    out = staleness_stats(batch, dist) if getattr(batch, "staleness", None) is not None else {}
+    out: dict = {}
     for corr in corrs:
         out.update(corr(batch, ctx))
     return {**out, **sel(batch, ctx)}
