@@ -15,18 +15,19 @@ TINY=(model=tiny dataset=toy_arith algorithm.n=4 algorithm.m=2 train.prompts_per
       sampling.max_tokens=12 eval.at_start=false eval.every_s=null eval.max_examples=8 eval.repeats=1)
 Z3=(hardware=h100x8_zero3 hardware.nproc_per_node=1 hardware.gpu_memory_gb=null hardware.micro_batch_size=4
     train.checkpoint_every_steps=1 train.keep_checkpoints=1 eval.suite=toy "hydra.run.dir=$OUT/zero3_run")
+BENCH_TEST=tests/gpu/test_bench_gpu.py::test_cuda_mode_small  # runs benchmarks/bench_gpu.py --device cuda --small, then checks it
 LORA=(hardware=l40s_lora rollout=hf hardware.gpu_memory_gb=null model.quantization=4bit train.max_steps=2 train.save_final=true
       "hydra.run.dir=$OUT/lora4bit_run")
 
 # name | seconds | command (one line; runs under bash -c in the repository root)
 STEPS=(
-  "env|45|$PY -m pods.gpu_env && $PY scripts/gpu_smoke_checks.py triton"
-  "zero3_train|120|$PY -m torch.distributed.run --standalone --nproc_per_node 1 -m pods.train ${TINY[*]} ${Z3[*]} train.max_steps=2"
-  "zero3_resume|90|$PY -m torch.distributed.run --standalone --nproc_per_node 1 -m pods.train ${TINY[*]} ${Z3[*]} train.max_steps=3 train.resume=auto && $PY scripts/gpu_smoke_checks.py steps $OUT/zero3_run 3"
-  "lora4bit_merge|60|$PY scripts/gpu_smoke_checks.py lora_merge"
-  "lora4bit_train|90|$PY -m pods.train ${TINY[*]} ${LORA[*]} && $PY scripts/gpu_smoke_checks.py steps $OUT/lora4bit_run 2"
-  "pytest_gpu|85|$PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider"
-  "bench_gpu_small|100|$PY benchmarks/bench_gpu.py --device cuda --small --engine hf --out $OUT/bench"
+  "env|25|$PY -m pods.gpu_env && $PY scripts/gpu_smoke_checks.py triton"
+  "zero3_train|75|$PY -m torch.distributed.run --standalone --nproc_per_node 1 -m pods.train ${TINY[*]} ${Z3[*]} train.max_steps=2"
+  "zero3_resume|65|$PY -m torch.distributed.run --standalone --nproc_per_node 1 -m pods.train ${TINY[*]} ${Z3[*]} train.max_steps=3 train.resume=auto && $PY scripts/gpu_smoke_checks.py steps $OUT/zero3_run 3"
+  "lora4bit_merge|35|$PY scripts/gpu_smoke_checks.py lora_merge"
+  "lora4bit_train|45|$PY -m pods.train ${TINY[*]} ${LORA[*]} && $PY scripts/gpu_smoke_checks.py steps $OUT/lora4bit_run 2"
+  "pytest_gpu|130|$PY -m pytest -q -rfE --tb=short -m gpu tests/gpu -p no:cacheprovider --deselect $BENCH_TEST"
+  "bench_gpu_small|195|$PY -m pytest -q -rfE --tb=short -m gpu $BENCH_TEST -p no:cacheprovider --basetemp $OUT/bench"
 )
 
 if [ "$DRY" = 1 ]; then

@@ -1,5 +1,6 @@
 """``pods-export`` of a LoRA run trained over a 4-bit NF4 base. Needs a CUDA GPU (bitsandbytes' 4-bit kernels): marked
-``gpu`` and skipped without one (``make gpu-check``); not yet run, as no GPU was lent when it was written.
+``gpu`` and skipped without one (``make gpu-check``); started once on an H200 but cut by the smoke step's
+limit, so not yet run to the end.
 
 A tiny LoRA run on a 4-bit base, two steps on CUDA through ``python -m pods.train``; its export must hold, for every
 LoRA target, the dequantised NF4 weight plus the adapter's delta summed in float32 and rounded once to bfloat16 (what
