@@ -42,6 +42,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.checkpoint",
             "pods.metrics",
             "pods.wandb_log",
+            "pods.wandb_records",  # reading the offline W&B files back (what `wandb sync` sends)
             "pods.eval.accuracy",  # test accuracy during training (the loop's evaluation)
             "pods.memory",  # the package: its __init__ defines nothing
             "pods.memory.estimator",  # the estimate: asks each engine for its lines (Engine.memory)
