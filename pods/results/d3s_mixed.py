@@ -198,6 +198,38 @@ def predictions(table: list[dict], rows: list[dict]) -> list[dict]:
     return out
 
 
+def start_of(out: Path) -> dict | None:
+    """The start's evaluation (the shipped model before any step, the runs' eval seed): ``<out>/start/metrics.jsonl``."""
+    path = out / "start" / "metrics.jsonl"
+    evals = [r for r in read_metrics(path) if r["kind"] == "eval"] if path.exists() else []
+    return evals[0] if evals else None
+
+
+def reported(table: list[dict], runs: dict[str, dict[int, list[dict]]], start: dict | None) -> list[dict]:
+    """Reported beside the predictions (the follow-up's registration, docs/d3s.md): whether GRPO learned (its mean final
+    test accuracy AND answer_prob above the start's: only then is (b) informative), and per arm the paired difference
+    of its on-policy accuracy to GRPO's over the last ``WINDOW`` steps (one seed draws the same prompts for every arm),
+    mean over the seeds both have, with the SE over seeds."""
+    out = []
+    grpo = [r for r in table if r["arm"] == "grpo"]
+    if grpo and start is not None:
+        acc, prob = statistics.fmean(r["acc_test_final"] for r in grpo), statistics.fmean(r["answer_prob_final"] for r in grpo)
+        out.append({"reported": "GRPO learned: final test accuracy and answer_prob above the start (else b is uninformative)",
+                    "value": [round(acc, 4), round(prob, 4)], "start": [start["accuracy"], round(start["answer_prob"], 4)],
+                    "held": acc > start["accuracy"] and prob > start["answer_prob"]})  # fmt: skip
+
+    def last(rows: list[dict]) -> list[float]:
+        return [r["train_accuracy"] for r in rows if r["kind"] == "train"][-WINDOW:]
+
+    for arm in ARMS[1:]:
+        seeds = sorted(set(runs.get(arm, {})) & set(runs.get("grpo", {})))
+        diffs = [statistics.fmean(np.subtract(last(runs[arm][s]), last(runs["grpo"][s]))) for s in seeds]
+        if diffs:
+            out.append({"reported": f"paired on-policy accuracy {arm} - grpo, last {WINDOW} steps (same prompts)",
+                        "value": round(statistics.fmean(diffs), 4), "se": round(_se(diffs), 4), "seeds": seeds})  # fmt: skip
+    return out
+
+
 def strata_rows(runs: dict[str, dict[int, list[dict]]], n: int = 8) -> list[dict]:
     """Per arm and prompt length (toy_sum: the term count), over all steps and seeds: groups, zero-variance share,
     kept rollouts per group, on-policy accuracy in the first and last ``WINDOW`` steps (``n`` rollouts per group:
@@ -255,7 +287,7 @@ def summarize(out: Path, seeds: list[int] | None = None) -> list[dict]:
     write_csv(rows, out / "curves.csv", list(rows[0]))
     st = strata_rows(runs)
     write_csv(st, out / "strata.csv", list(st[0]))
-    pred = predictions(table, rows)
+    pred = predictions(table, rows) + reported(table, runs, start_of(out))
     (out / "predictions.json").write_text(json.dumps(pred, indent=1) + "\n")
     plot(rows, out / "accuracy.png")
     for p in pred:

@@ -1,6 +1,7 @@
 """The mixed-difficulty D3S ablation's pieces: ``train.log_strata`` (default off, validated), ``pods.d3s.strata`` on a
 hand case, the five arm files (they differ only in the algorithm section, one normaliser and no clipping for all), the
-tiny model's ``base`` key, and the summary's window curve, first crossing and registered predictions."""
+tiny model's ``base`` key, and the summary's window curve, first crossing, registered predictions and the follow-up's
+reported rows (GRPO learned or not; the paired on-policy difference to GRPO)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from pods.d3s import strata
-from pods.results.d3s_mixed import ARMS, first_reach, predictions, window
+from pods.results.d3s_mixed import ARMS, first_reach, predictions, reported, window
 from pods.schema import ConfigError, Root, Train
 from support.config import compose
 
@@ -69,3 +70,20 @@ def test_window_first_reach_and_predictions_on_a_hand_table():
     got = {p["prediction"][:2]: p for p in predictions(table, rows)}
     assert got["a:"]["held"] and got["a:"]["value"] == 0.3
     assert got["b:"]["value"] == 1.0 and got["b:"]["held"]  # cross reaches GRPO's final 0.3 at step 1 <= 2/3 x 3
+
+
+def test_reported_says_whether_grpo_learned_and_pairs_arms_with_grpo_by_seed_and_step():
+    def rows(accs):
+        return [{"kind": "train", "step": s, "train_accuracy": a} for s, a in enumerate(accs, 1)]
+
+    runs = {"grpo": {1: rows([0.5] * 12), 2: rows([0.6] * 12)}, "cross": {1: rows([0.0, 0.0] + [0.7] * 10), 3: rows([1.0] * 12)}}
+    table = [{"arm": "grpo", "acc_test_final": 0.83, "answer_prob_final": p} for p in (0.80, 0.82)]
+    start = {"accuracy": 0.825, "answer_prob": 0.805}
+    got = reported(table, runs, start)
+    assert got[0]["held"] and got[0]["value"] == [0.83, 0.81]  # answer_prob 0.81 > 0.805, accuracy 0.83 > 0.825
+    assert got[1]["seeds"] == [1] and got[1]["value"] == 0.2  # seed 1 only (3 has no GRPO run); the last 10 steps
+    table[0]["answer_prob_final"] = 0.70
+    assert not reported(table, runs, start)[0]["held"]
+    table[0]["answer_prob_final"], table[1]["acc_test_final"] = 0.81, 0.80
+    assert not reported(table, runs, start)[0]["held"]  # mean accuracy 0.815 is below the start
+    assert reported(table, runs, None)[0]["reported"].startswith("paired")  # no start: no verdict on learning
