@@ -1,5 +1,5 @@
-"""Test setup: offline hub/datasets/wandb, 2 torch threads, pinned numerics, the session fixtures. The helpers tests
-import are in ``support/``."""
+"""Test setup: offline hub/datasets/wandb, 2 torch threads that sleep when idle, pinned numerics, the session fixtures.
+The helpers tests import are in ``support/``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# OpenMP threads that wait for work sleep instead of spinning (libgomp's OMP_WAIT_POLICY): make test-all runs 2 workers,
+# each with 2-thread runs and 2-rank launches, on 2 cores, where a spinning team holds a core its peer needs (two
+# 2-thread pods.train runs at once here: 139-151 s spinning, 73-79 s passive, load 5-9); the same threads split the
+# same sums, so every number is the same (identical checkpoints and metrics measured); subprocesses inherit it
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("PODS_NUMERICS", "pinned") != "native":  # pinned CPU numerics (pods.numerics); make test-isa sets native + one ISA
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     os.environ.setdefault("MKL_CBWR", "AVX2")

@@ -7,6 +7,11 @@ the group of every test it collected (``group_of``) to ``<dir>/<worker>.json``, 
 in each worker's ``workerinput``; the controller's scheduler reads them when it first splits the tests into units,
 after every worker has sent its collection (each writes its file before sending). A test without a group is its own
 unit, given to whichever worker is free.
+
+The units are handed out heaviest first (``cost_of``: a rough estimate of seconds from the test's markers, summed over
+the unit), so the long SLURM, DeepSpeed and vLLM units start while there is still work for the other worker, and the
+many one-second tests fill in at the end: two workers finish close together instead of one waiting on the other's
+last long test.
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# rough seconds per test by marker (measured order of magnitude here: slurm tests 40-250 s, slow 20-150 s, others ~1 s)
+COSTS = {"slurm": 100.0, "slow": 30.0}
+
+
+def cost_of(item: pytest.Item) -> float:
+    """The estimated cost of a test: its heaviest marker's ``COSTS`` entry, else 1."""
+    return max((c for m, c in COSTS.items() if item.get_closest_marker(m) is not None), default=1.0)
+
+
 class GroupScheduling(LoadScopeScheduling):
     """xdist's load-by-scope scheduler whose scope of a test is its group from the workers' files (else the test)."""
 
@@ -44,13 +58,25 @@ class GroupScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self.dir = Path(config.stash[DIR])
         self.groups: dict[str, str] | None = None
+        self.costs: dict[str, float] = {}
+        self.ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
         if self.groups is None:  # first called by schedule(), once every worker has sent its collection
             self.groups = {}
             for path in sorted(self.dir.glob("*.json")):
-                self.groups.update(json.loads(path.read_text()))
+                seen = json.loads(path.read_text())
+                self.groups.update(seen["groups"])
+                self.costs.update(seen["costs"])
         return self.groups.get(nodeid, nodeid)
+
+    def _assign_work_unit(self, node) -> None:
+        if not self.ordered:  # the first hand-out, right after schedule() built the queue: heaviest units first (stable)
+            self.ordered = True
+            units = sorted(self.workqueue.items(), key=lambda u: -sum(self.costs.get(n, 1.0) for n in u[1]))
+            self.workqueue.clear()
+            self.workqueue.update(units)
+        super()._assign_work_unit(node)
 
 
 DIR = pytest.StashKey[str]()
@@ -77,7 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     where = getattr(config, "workerinput", {}).get(KEY)
     if where:
         groups = {item.nodeid: g for item in items if (g := group_of(item)) is not None}
-        Path(where, f"{config.workerinput['workerid']}.json").write_text(json.dumps(groups))
+        costs = {item.nodeid: c for item in items if (c := cost_of(item)) != 1.0}
+        Path(where, f"{config.workerinput['workerid']}.json").write_text(json.dumps({"groups": groups, "costs": costs}))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
