@@ -5,6 +5,8 @@ PIP := .venv/bin/pip
 STAMP := .venv/.installed-cpu
 TORCH_CPU := torch==2.13.0
 export OMP_NUM_THREADS ?= 2
+# idle OpenMP threads sleep: two runs (or test workers) side by side do not spin on each other's core; same numbers
+export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
