@@ -4,7 +4,7 @@ whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not 
 In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
 and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
 4-step ``python -m pods.train rollout=vllm_server train.max_staleness=0`` run attached to the module's server logs what
-the loop before the producer logged, and a 1-step 2-rank torchrun run attached to it; then the server is frozen
+the loop before the producer logged, a k = 1 run logs the stated staleness, and a 1-step 2-rank torchrun run attached to it; then the server is frozen
 mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
 """
 
@@ -127,6 +127,17 @@ def test_staleness_0_run_attached_logs_what_the_loop_before_the_producer_logged(
         assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
     assert all(r["staleness_max"] == 0 for r in got if r["kind"] == "train")
     assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "5"  # start + 4 steps
+
+
+def test_staleness_1_run_attached_logs_the_stated_schedule(served, tmp_path):
+    """``train.max_staleness=1`` on the server: the rows' staleness from the servers' version labels is the stated
+    schedule (docs/async.md), so the start push does not label the initial weights version 1 (it logged -1, 0)."""
+    url = served.servers.urls[0]
+    cmd = [sys.executable, "-m", "pods.train", *MAIN_648D2CC_RUN, *SERVER, f"rollout.servers=[{url}]", "train.max_staleness=1"]
+    p = subprocess.run([*cmd, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["staleness_max"] for r in rows] == [0, 1, 0, 1]  # batch 1: version 0; step 3 follows the drain at step 2
 
 
 def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
