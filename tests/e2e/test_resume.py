@@ -17,16 +17,9 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.runs import TINY_STEPS
 
-SHORT = [
-    "algorithm.n=4",
-    "algorithm.m=2",
-    "train.time_budget_s=null",
-    "eval.max_examples=8",
-    "eval.repeats=1",
-    "eval.every_s=null",
-    "train.prompts_per_step=1",
-]
+SHORT = [*TINY_STEPS, "train.prompts_per_step=1"]
 TIMING = ("train_time", "t_")  # keys whose values are seconds measured by the clock: the only ones a resume may change
 
 

@@ -40,15 +40,20 @@ def train_run(run_dir: Path, finetune: str = "lora", extra: list[str] | None = N
     return run_dir
 
 
-# four steps, a checkpoint and an evaluation after step 2: the run whose rows main 648d2cc, before the producer existed,
-# logged (tests/support/main_rows_648d2cc*.jsonl), for ``train.max_staleness=0`` == that loop (docs/async.md)
-MAIN_648D2CC_RUN = [
+# the smallest run that still evaluates: 4 rollouts a prompt, 2 kept, 8 test problems once, no time budget
+TINY_STEPS = [
     "algorithm.n=4",
     "algorithm.m=2",
     "train.time_budget_s=null",
     "eval.max_examples=8",
     "eval.repeats=1",
     "eval.every_s=null",
+]
+
+# four steps, a checkpoint and an evaluation after step 2: the run whose rows main 648d2cc, before the producer existed,
+# logged (tests/support/main_rows_648d2cc*.jsonl), for ``train.max_staleness=0`` == that loop (docs/async.md)
+MAIN_648D2CC_RUN = [
+    *TINY_STEPS,
     "train.prompts_per_step=2",
     "train.max_steps=4",
     "train.checkpoint_every_steps=2",  # a drain after step 2 under train.max_staleness >= 1
