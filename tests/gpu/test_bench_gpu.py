@@ -68,6 +68,10 @@ def check_results(d: Path, gen_engine: str, loop_engine: str, dtype: str, mem_ki
         assert all(r["status"] == "ok" and r["mem_kind"] == mem_kind for r in pts)
         assert all(float(r["seconds"]) > 0 and float(r["grad_norm"]) > 0 for r in pts)
         mem = [float(r["mem_update_mib"] if mem_kind == "cpu_peak_rss" else r["mem_peak_mib"]) for r in pts[:3]]
+        # the GA point (two micro-batches of 4) holds one micro-batch's activations at a time: well under the twice that
+        # one micro-batch of 8 needs (CPU: 8 rollouts take 1.96x the memory of 4, results/cpu/figure1). Not its time:
+        # one repeat of a sub-second step is noise (a GA point faster than one micro-batch of 4 was seen on CPU and GPU)
+        assert float(pts[3]["mem_update_mib"]) < 1.75 * float(pts[2]["mem_update_mib"]), pts
         if ft == "full" and mem_kind == "cuda_max_memory_allocated":
             # Measured on an H200 (results/gpu/nvidia-h200-small): at the small sizes (4 x 192 tokens, checkpointed) a full
             # step's peak is the bf16 gradient of every weight plus the 8-bit AdamW step's float32 transient of the
@@ -78,7 +82,6 @@ def check_results(d: Path, gen_engine: str, loop_engine: str, dtype: str, mem_ki
             assert all(float(r["mem_update_mib"]) >= grad_mib for r in pts), (grad_mib, pts)
             continue
         assert mem[2] > mem[0] > 0, mem  # more rollouts per micro-batch, more memory
-        assert float(pts[3]["seconds"]) > float(pts[2]["seconds"])  # the GA point: two micro-batches of the largest
 
     loop = rows(d / "loop.csv")
     for model, ft in (("tiny", "full"), (big, "lora")):
