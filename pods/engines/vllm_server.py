@@ -73,7 +73,7 @@ class VLLMServerEngine(Engine):
             for k in range(len(urls)):
                 refuse_settings(self.servers, k, cfg)
             if self.leader:
-                self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": "0"})
+                self._label("0")
                 self.sender = self._connect()
         except BaseException:
             self.close()
@@ -92,8 +92,12 @@ class VLLMServerEngine(Engine):
         """Set by the producer (the trainer's count: 0 for the initial weights, the resumed step): rank 0 relabels
         every server, so the rollouts generated next carry it (the start push alone would label them 1)."""
         if value != self._version and self.leader:
-            self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": str(value)})
+            self._label(str(value))
         self._version = value
+
+    def _label(self, version: str) -> None:
+        """Every server's weight-version label (what the spans of the rollouts generated next report)."""
+        self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": version})
 
     # -- the plug-in's rules ------------------------------------------------------------------------
     @classmethod
@@ -216,7 +220,7 @@ class VLLMServerEngine(Engine):
                 else:
                     self.source.pairs = pairs
                     self.sender.send_weights()
-                    self.servers.each("POST", "/update_weight_version", "setting the weight version", json={"new_version": label})
+                    self._label(label)
                 if self.checked:
                     self._verify(pushed)
                 self._version += 1

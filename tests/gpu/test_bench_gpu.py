@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,9 +183,7 @@ def test_the_committed_h200_measurements_pass_the_cuda_checks():
 
 
 def test_a_full_point_without_the_gradient_memory_is_refused(tmp_path):
-    src = ROOT / "results" / "gpu" / "nvidia-h200-small"
-    for f in src.iterdir():
-        (tmp_path / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(ROOT / "results" / "gpu" / "nvidia-h200-small", tmp_path, dirs_exist_ok=True)
     upd = rows(tmp_path / "update.csv")
     upd[1]["mem_update_mib"] = "100.0"  # a peak taken after the gradients were freed
     with (tmp_path / "update.csv").open("w", newline="") as f:
