@@ -298,15 +298,17 @@ def train(cfg: dict | Root, run_dir: str | Path) -> dict:
     a, ev = run.cfg.algorithm, run.cfg.eval
     last = run.evaluate() if ev.at_start and run.state.step == 0 else {}
     progress = bar(total=run.cfg.train.max_steps, initial=run.state.step, desc=f"{a.name} n={a.n} m={a.m}", disable=not run.dist.is_main)
-    while not run.finished() and not run.dist.any(stop.requested):  # a signal to one rank stops them all
-        row = run.step()  # (1)-(8)
-        progress.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{run.state.train_time:.0f}s", refresh=False)
-        progress.update(1)
-        if run.eval_due():
-            last = run.evaluate()  # (9)
-        if run.checkpoint_due():
-            run.save()  # (10)
-    progress.close()
+    try:  # the bar is closed before an error's line is printed (pods.train): that line stays the last one
+        while not run.finished() and not run.dist.any(stop.requested):  # a signal to one rank stops them all
+            row = run.step()  # (1)-(8)
+            progress.set_postfix(reward=f"{row['reward_mean_all']:.3f}", t=f"{run.state.train_time:.0f}s", refresh=False)
+            progress.update(1)
+            if run.eval_due():
+                last = run.evaluate()  # (9)
+            if run.checkpoint_due():
+                run.save()  # (10)
+    finally:
+        progress.close()
     last = run.finish(last, stopped=run.dist.any(stop.requested))
     stop.after_checkpoint()
     return last

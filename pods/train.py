@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from pods import resume
 from pods.compose import CONF, compose_job, expand, hydra_context, job_dict, parse, to_plain
-from pods.errors import ConfigError
+from pods.errors import ConfigError, ServerError
 from pods.numerics import pin
 from pods.schema import Root, register
 
@@ -31,6 +31,14 @@ MAX_CHECKED_JOBS = 512  # a larger sweep is checked job by job as it runs
 def fail(e: Exception) -> None:
     print(f"pods: config error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def kept_work(run_dir: str) -> str:
+    """What a run stopped by a failure keeps: its last checkpoint and how to continue from it."""
+    last = resume.latest(Path(run_dir) / "checkpoints")
+    if last is None:
+        return f"no checkpoint was written yet: {run_dir} holds the rows logged so far"
+    return f"{run_dir} keeps {last.name}: the same command with hydra.run.dir={run_dir} train.resume=auto continues from it"
 
 
 CHECKED: dict[str, tuple[Root, bool]] = {}  # plain config -> (its Root, machine checked): a run validates once
@@ -199,6 +207,9 @@ def run(cfg: DictConfig) -> float | None:
         last = train(plain, run_dir)
     except (ConfigError, FileNotFoundError) as e:
         fail(e)
+    except ServerError as e:  # a server died, hung or refused mid-run: one line, and where the work is kept
+        print(f"pods: {e}; {kept_work(run_dir)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     suite(plain, prepared, run_dir)
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from pods.engines.vllm_start import GiB, context_length
+from pods.errors import ServerError
 
 PR_SET_PDEATHSIG = 1
 
@@ -136,7 +137,7 @@ def _signal(p: subprocess.Popen, sig: int) -> None:
 
 
 class Servers:
-    """K servers behind one client: each call has a timeout and fails as ONE RuntimeError naming the server and the
+    """K servers behind one client: each call has a timeout and fails as ONE ``ServerError`` naming the server and the
     call. The four weight-sync methods make it vLLM's ``VLLMWeightSyncClient`` for all K at once (fanned out)."""
 
     def __init__(self, urls: list[str], timeout_s: float, procs: list | None = None, logs: str | None = None):
@@ -147,21 +148,19 @@ class Servers:
         return f" (its log: {self.logs}/server-{k}.log)" if self.logs else ""
 
     def call(self, k: int, verb: str, path: str, doing: str, timeout: float | None = None, **kw):
-        """One HTTP call to server k: its JSON (or None), else a one-line RuntimeError."""
+        """One HTTP call to server k: its JSON (or None), else a one-line ``ServerError``."""
         url = f"{self.urls[k]}{path}"
         try:
             r = requests.request(verb, url, timeout=timeout or self.timeout_s, **kw)
         except requests.Timeout:
-            raise RuntimeError(
+            raise ServerError(
                 f"vLLM server {self.urls[k]} did not answer {doing} within {timeout or self.timeout_s:g} s "
                 f"(rollout.server_timeout_s){self.where(k)}"
             ) from None
         except requests.ConnectionError:
-            raise RuntimeError(
-                f"vLLM server {self.urls[k]} is unreachable while {doing}: it died or never started{self.where(k)}"
-            ) from None
+            raise ServerError(f"vLLM server {self.urls[k]} is unreachable while {doing}: it died or never started{self.where(k)}") from None
         if r.status_code >= 400:
-            raise RuntimeError(f"vLLM server {self.urls[k]} refused {doing}: HTTP {r.status_code} {r.text[:300]!r}{self.where(k)}")
+            raise ServerError(f"vLLM server {self.urls[k]} refused {doing}: HTTP {r.status_code} {r.text[:300]!r}{self.where(k)}")
         return r.json() if r.content and r.headers.get("content-type", "").startswith("application/json") else None
 
     def each(self, verb: str, path: str, doing: str, **kw) -> list:
@@ -175,14 +174,14 @@ class Servers:
         for k, url in enumerate(self.urls):
             while True:
                 if k < len(self.procs) and self.procs[k].poll() is not None:
-                    raise RuntimeError(f"vLLM server {url} exited with code {self.procs[k].returncode} while starting{self.where(k)}")
+                    raise ServerError(f"vLLM server {url} exited with code {self.procs[k].returncode} while starting{self.where(k)}")
                 try:
                     if requests.get(f"{url}/health", timeout=5).status_code == 200:
                         break
                 except requests.RequestException:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM server {url} was not healthy within {timeout_s:g} s (rollout.start_timeout_s){self.where(k)}")
+                    raise ServerError(f"vLLM server {url} was not healthy within {timeout_s:g} s (rollout.start_timeout_s){self.where(k)}")
                 time.sleep(0.5)
 
     def settings(self, k: int) -> tuple[int, str]:

@@ -14,7 +14,7 @@ GPU), finish with the new version as the servers' label, run the sync check (``r
 tallies of the first and last decoder layers, ``pods.engines.vllm_sync``, read back over ``/collective_rpc``), and resume
 in a ``finally``. Requests sent while paused wait and run on the new weights; their spans say so.
 
-Every HTTP call and transfer is bounded by ``rollout.server_timeout_s``: a dead or stuck server is one RuntimeError
+Every HTTP call and transfer is bounded by ``rollout.server_timeout_s``: a dead or stuck server is one ``ServerError``
 naming its URL and the call (``pods.engines.server_procs``). Launched servers are stopped at ``close``, on a failed start,
 at interpreter exit, and by the kernel if the trainer is killed.
 """
@@ -38,7 +38,7 @@ from pods.engines.server_procs import Servers, free_port, launch
 from pods.engines.vllm import VLLMEngine, _sampled_logprobs, _with_lm_head  # noqa: F401 - the same rules and weights
 from pods.engines.vllm_start import budget, context_length, stop_token_ids
 from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
-from pods.errors import ConfigError, need
+from pods.errors import ConfigError, ServerError, need
 from pods.schema import Root, VllmServerRollout
 
 __all__ = ["VLLMServerEngine"]
@@ -177,7 +177,7 @@ class VLLMServerEngine(Engine):
         ]
         for c in choices:
             if c["finish_reason"] not in ("stop", "length"):
-                raise RuntimeError(f"vLLM server {self.servers.urls[k]} ended a request with finish_reason={c['finish_reason']!r}")
+                raise ServerError(f"vLLM server {self.servers.urls[k]} ended a request with finish_reason={c['finish_reason']!r}")
         return choices
 
     # -- weight push --------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class VLLMServerEngine(Engine):
         for k, url in enumerate(self.servers.urls):
             while self.servers.call(k, "GET", "/weight_info", "GET /weight_info")["weight_version"] != str(version):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
+                    raise ServerError(
                         f"vLLM server {url} did not reach weight version {version} (rank 0's push) within {self.cfg.server_timeout_s:g} s"
                     )
                 time.sleep(0.05)
@@ -247,7 +247,7 @@ class VLLMServerEngine(Engine):
             for rows in answer["results"]:
                 wrong = mismatch(pushed, held(rows))
                 if wrong:
-                    raise RuntimeError(
+                    raise ServerError(
                         f"weight sync check failed on {self.servers.urls[k]}, {wrong}: the server did not take the push (rollout.sync_check)"
                     )
 
