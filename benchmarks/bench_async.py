@@ -85,6 +85,18 @@ def trl_missing() -> str | None:
     return None if p.returncode == 0 else f"trl does not import from {TRL_PATH}: {p.stderr.strip().splitlines()[-1]}"
 
 
+def interleaved(arms: dict, repeats: int) -> dict[str, list[dict]]:
+    """Each arm's runs, the arms taking turns repeat by repeat; each run's result with the load around it."""
+    runs = {k: [] for k in arms}
+    for r in range(repeats):
+        for name, fn in arms.items():
+            before = load()
+            res = fn()
+            runs[name].append({**res, "load": (before + load()) / 2})
+            print(f"repeat {r}: {name} {res['step_s'] * 1e3:.1f} ms/step (load {before:.1f})", flush=True)
+    return runs
+
+
 def peers(repeats: int, steps: int, threads: int) -> list[dict]:
     """The three rows of the pods-vs-TRL comparison (module docstring)."""
     from pods.schema import Train
@@ -98,13 +110,7 @@ def peers(repeats: int, steps: int, threads: int) -> list[dict]:
     reasons["trl_sync"] = trl_missing()
     if reasons["trl_sync"] is None:
         arms["trl_sync"] = lambda: trl_run(steps, threads)
-    runs = {k: [] for k in arms}
-    for r in range(repeats):
-        for name, fn in arms.items():
-            before = load()
-            res = fn()
-            runs[name].append({**res, "load": (before + load()) / 2})
-            print(f"repeat {r}: {name} {res['step_s'] * 1e3:.1f} ms/step (load {before:.1f})", flush=True)
+    runs = interleaved(arms, repeats)
     trl = statistics.median(x["step_s"] for x in runs["trl_sync"]) if "trl_sync" in runs else None
     rows = []
     for name in ("pods_sync", "pods_staleness_1", "trl_sync"):
@@ -130,13 +136,7 @@ def server(repeats: int, steps: int, threads: int) -> list[dict]:
     missing = trl_missing()
     if missing is None:
         arms["trl_sync"] = lambda: trl_run(steps, threads)
-    runs = {k: [] for k in arms}
-    for r in range(repeats):
-        for name, fn in arms.items():
-            before = load()
-            res = fn()
-            runs[name].append({**res, "load": (before + load()) / 2})
-            print(f"repeat {r}: {name} {res['step_s'] * 1e3:.1f} ms/step (load {before:.1f})", flush=True)
+    runs = interleaved(arms, repeats)
     med = {k: statistics.median(x["step_s"] for x in v) for k, v in runs.items()}
     rows = []
     for name, v in runs.items():
