@@ -24,7 +24,7 @@ from support.slurm_cluster import LocalCluster, started
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 10  # about 1.3 s each here: room for the pre-emption warning to land before the last step
+STEPS = 6  # 1.3 s each idle, 8-9 s at load 8; the warning sent after step 1 landed within step 2 (load 3 and 8): 4 steps of room
 ARGS = [
     "experiment=toy_pods_64_16_cpu",
     "hardware=cpu_ddp2_zero3",
