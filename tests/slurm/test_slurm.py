@@ -1,6 +1,7 @@
 """The launchers on a REAL local SLURM (slurm-wlm + munge from Debian, started here, stopped by pid afterwards):
-a Hydra multirun through hydra-submitit-launcher, pods.launch's plain-submitit launcher with that plug-in hidden, the 1-GPU sbatch script (CPU fallback, pre-emption warning ->
-checkpoint -> requeue -> resume), and the 8-GPU script's srun + torchrun line with 2 DeepSpeed ZeRO-3 CPU ranks.
+a Hydra multirun through hydra-submitit-launcher, pods.launch's plain-submitit launcher with that plug-in hidden, and the 1-GPU sbatch script (CPU fallback, pre-emption warning ->
+checkpoint -> requeue -> resume). The 8-GPU script's srun + torchrun line with 2 DeepSpeed ZeRO-3 CPU ranks is tested in
+test_slurm_multinode.py, on the one-node run its two-node runs are compared with (one DeepSpeed job for both).
 
 Marked ``slurm`` (``make test-all``, ``.ci/run``). The cluster needs slurm-wlm + munge: with PODS_INSTALL_SLURM=1 (as
 ``.ci/run`` sets) and root, tests/support/slurm_cluster.py apt-gets them; otherwise the tests skip, saying so.
@@ -141,19 +142,3 @@ def test_1gpu_script_runs_on_cpu_checkpoints_on_the_warning_requeues_and_resumes
     assert steps == list(range(1, len(steps) + 1))  # every step exactly once across the two job starts
     assert read_metrics(run_dir / "metrics.jsonl", "train")[-1]["train_time"] >= 12  # the whole budget, not just the first part
     assert (run_dir / "checkpoints" / f"step_{steps[-1]:06d}.pt").exists()
-
-
-def test_8gpu_script_srun_torchrun_two_cpu_ranks(cluster, tiny_dir, tmp_path):
-    """sbatch slurm/run_8gpu.sbatch (8 stand-in GPUs, --exclusive): srun -> torchrun with 2 CPU processes running
-    DeepSpeed ZeRO-3 on gloo (hardware=cpu_ddp2_zero3); rank 0 writes the metrics, both ranks finish."""
-    run_dir = tmp_path / "run"
-    args = ["experiment=toy_pods_64_16_cpu", "hardware=cpu_ddp2_zero3", "train.max_steps=2", *SHORT]
-    env = job_env(cluster, PODS_RUN_DIR=str(run_dir), PODS_NPROC="2", PODS_ALLOW_CPU="1")
-    job = sbatch(cluster, "run_8gpu.sbatch", args, tmp_path, env, ["--cpus-per-task=2", "--mem=4G"])
-    state = cluster.wait(job, timeout=300)
-    assert state == "COMPLETED", (state, (tmp_path / f"{job}.out").read_text()[-3000:], cluster.logs())
-    log = (tmp_path / f"{job}.out").read_text()
-    assert log.count("[pods] run directory:") == 1  # rank 0 prints; COMPLETED needs both ranks to exit 0
-    setup = read_metrics(run_dir / "metrics.jsonl", "setup")[0]
-    assert setup["world_size"] == 2 and len(read_metrics(run_dir / "metrics.jsonl", "train")) == 2
-    assert list((run_dir / "checkpoints").glob("step_000002*"))

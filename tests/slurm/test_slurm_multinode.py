@@ -5,7 +5,9 @@ starts one task per node and torchrun's c10d rendezvous meets across them, as be
 One rank per node on gloo (hardware=cpu_ddp2_zero3: DeepSpeed ZeRO-3, float32) against the same world size on one
 node (slurm/run_8gpu.sbatch, 2 ranks): every step's loss and grad norm and the final weights are equal. A pre-emption
 warning sent to the two-node job makes both ranks checkpoint and exit; the script requeues the job, and the requeued
-job resumes to the same final weights as the uninterrupted runs. Marked ``slurm`` (``make test-all``).
+job resumes to the same final weights as the uninterrupted runs. The one-node run is also the 8-GPU script's own test
+(srun -> torchrun, 2 DeepSpeed ZeRO-3 CPU ranks, its last step's checkpoint kept): one DeepSpeed job serves both, not
+two. Marked ``slurm`` (``make test-all``).
 """
 
 from __future__ import annotations
@@ -22,19 +24,20 @@ from support.slurm_cluster import LocalCluster, started
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 10  # about 1.3 s each here: room for the pre-emption warning to land before the last step
+STEPS = 6  # 1.3 s each idle, 8-9 s at load 8; the warning sent after step 1 landed within step 2 (load 3 and 8): 4 steps of room
 ARGS = [
     "experiment=toy_pods_64_16_cpu",
     "hardware=cpu_ddp2_zero3",
     f"train.max_steps={STEPS}",
     "train.time_budget_s=null",
-    "train.checkpoint_at_end=weights",
     "eval.max_examples=8",
     "eval.repeats=1",
     "eval.every_s=null",
     "eval.every_steps=null",
     "eval.at_start=false",
 ]
+WEIGHTS = ("train.checkpoint_at_end=weights",)  # the two-node runs: final/ only
+FULL = ("train.checkpoint_at_end=full", "train.save_final=true")  # the one-node run: final/ and its last step's checkpoint
 NODE = ["--cpus-per-task=2", "--mem=3G"]  # per node; the scripts' #SBATCH lines ask for 8 (stand-in) GPUs and --exclusive
 TIMEOUT_S = 600  # one job here: about 1-2 min on 2 shared cores (DeepSpeed start-up on two ranks dominates)
 
@@ -42,6 +45,15 @@ TIMEOUT_S = 600  # one job here: about 1-2 min on 2 shared cores (DeepSpeed star
 @pytest.fixture(scope="module")
 def cluster():
     yield from started(nodes=2)
+
+
+@pytest.fixture(scope="module")
+def one_node(cluster, tiny_dir, tmp_path_factory):
+    """sbatch slurm/run_8gpu.sbatch on one node (8 stand-in GPUs, --exclusive): srun -> torchrun with 2 CPU processes
+    running DeepSpeed ZeRO-3 on gloo (hardware=cpu_ddp2_zero3). Returns (run directory, job log)."""
+    tmp = tmp_path_factory.mktemp("one_node")
+    job = submit(cluster, "run_8gpu.sbatch", tmp / "run", tmp, [*NODE, "--nodes=1"], FULL, PODS_NPROC="2")
+    return tmp / "run", finished(cluster, job, tmp)
 
 
 def submit(cluster: LocalCluster, script: str, run_dir, tmp_path, resources: list[str], args: tuple = (), **env) -> str:
@@ -85,10 +97,19 @@ def assert_same_run(a, b) -> None:
     assert all(wa[k].equal(wb[k]) for k in wa), [k for k in wa if not wa[k].equal(wb[k])][:5]
 
 
-def test_two_nodes_equal_one_node_of_the_same_world_size_and_a_preempted_run_resumes_to_the_same(cluster, tiny_dir, tmp_path):
-    one, two, cut = tmp_path / "one_node", tmp_path / "two_nodes", tmp_path / "two_nodes_preempted"
-    job1 = submit(cluster, "run_8gpu.sbatch", one, tmp_path, [*NODE, "--nodes=1"], PODS_NPROC="2")
-    per_node = ("hardware.nproc_per_node=1",)  # 2 nodes x 1 rank: the world pods.train checks (the script adds hardware.nnodes=2)
+def test_8gpu_script_srun_torchrun_two_cpu_ranks(one_node):
+    """Rank 0 writes the metrics and prints the run directory once; the job COMPLETED (``finished``), so both ranks
+    exited 0; the last step's checkpoint is there (train.checkpoint_at_end=full)."""
+    run_dir, log = one_node
+    assert log.count("[pods] run directory:") == 1  # rank 0 prints; COMPLETED needs both ranks to exit 0
+    setup = read_metrics(run_dir / "metrics.jsonl", "setup")[0]
+    assert setup["world_size"] == 2 and len(read_metrics(run_dir / "metrics.jsonl", "train")) == STEPS
+    assert list((run_dir / "checkpoints").glob(f"step_{STEPS:06d}*"))
+
+
+def test_two_nodes_equal_one_node_of_the_same_world_size_and_a_preempted_run_resumes_to_the_same(cluster, one_node, tmp_path):
+    one, two, cut = one_node[0], tmp_path / "two_nodes", tmp_path / "two_nodes_preempted"
+    per_node = ("hardware.nproc_per_node=1", *WEIGHTS)  # 2 nodes x 1 rank: the world pods.train checks (the script adds hardware.nnodes=2)
     job2 = submit(cluster, "run_multinode.sbatch", two, tmp_path, [*NODE, "--nodes=2"], per_node, PODS_NPROC="1")
     job3 = submit(cluster, "run_multinode.sbatch", cut, tmp_path, [*NODE, "--nodes=2"], per_node, PODS_NPROC="1")
 
@@ -110,6 +131,5 @@ def test_two_nodes_equal_one_node_of_the_same_world_size_and_a_preempted_run_res
     stopped = [r["step"] for r in read_metrics(cut / "metrics.jsonl", "train")]
     assert stopped == list(range(1, STEPS + 1))  # each step once across the two starts
 
-    finished(cluster, job1, tmp_path)
     assert_same_run(one, two)
     assert_same_run(two, cut)
