@@ -51,13 +51,14 @@ class Dist:
     def fork(self, timeout_s: float | None = None) -> Dist:
         """The same ranks on a new gloo process group (``torch.distributed.new_group``), for collectives issued by another
         thread than this Dist's (the producer's, ``pods.producer``). Gloo on every machine: the producer's collectives
-        are a few small tensors and pickled rows, which gloo moves on CPU with no CUDA stream shared with the trainer's
-        NCCL group (untouched). Collective: every rank must call it at the same point. One process: an equal Dist,
+        are a few small tensors and pickled rows, which gloo moves on CPU, while a second NCCL communicator used from
+        another thread can deadlock against the trainer's (each one's kernels wait on the GPU for their peers, in
+        orders that may differ between ranks). Collective: every rank must call it at the same point. One process: an equal Dist,
         no group. ``timeout_s``: a collective waiting longer fails (as ``hardware.dist_timeout_s`` for the default)."""
         if self.world == 1:
             return Dist(self.rank, self.world, self.local_rank)
         timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        group = torch.distributed.new_group(backend="gloo", timeout=timeout)
+        group = torch.distributed.new_group(backend="gloo", timeout=timeout, group_desc="pods_producer")
         return Dist(self.rank, self.world, self.local_rank, group)
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
@@ -73,8 +74,8 @@ class Dist:
         if self.world == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self._device)
-        op_ = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
-        torch.distributed.all_reduce(t, op=op_, group=self.group)
+        reduce_op = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+        torch.distributed.all_reduce(t, op=reduce_op, group=self.group)
         return t.tolist()
 
     def max(self, x: float) -> float:

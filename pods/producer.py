@@ -134,9 +134,10 @@ class Producer:
         self.run, self.k = run, cfg.train.max_staleness
         self.engine = engine if engine.needs_sync else Frozen(engine, run.model_dir, run.tok)  # (a copy of the resumed policy)
         self.weights = run.backend.export_weights if engine.needs_sync else lambda: run.backend.policy.state_dict().items()
-        self.engine.version, self.next = version, next_batch
         self.dist = run.dist.fork(cfg.hardware.dist_timeout_s)  # the producer's collectives: a group of their own
-        self.dist.barrier()  # (vllm_server: rank 0 relabelled the servers with ``version`` before any rank generates)
+        self.dist.barrier()  # every rank's start push is done (vllm_server: the other ranks saw its label) ...
+        self.engine.version, self.next = version, next_batch  # ... before rank 0 relabels the servers with ``version``
+        self.dist.barrier()  # ... and that is done before any rank's producer generates
         self.pending: deque[tuple[int, Future]] = deque()
         threads = cfg.hardware.torch_threads or torch.get_num_threads()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pods-producer", initializer=torch.set_num_threads, initargs=(threads,))
