@@ -155,21 +155,24 @@ def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
 
 
 def test_two_ranks_with_staleness_1_follow_the_schedule(served, tmp_path):
-    """torchrun, 2 DeepSpeed ranks attached to one server with ``train.max_staleness=1``: each rank's producer runs its
-    collectives (the reward statistics) on a gloo group of its own (``Dist.fork``) while the trainer's gradient and clock
-    collectives run on the default one; the run ends (no deadlock: the harness's timeout), the rows' staleness is the
-    stated schedule (docs/async.md: 0 at step 1, then 1), and the server serves the version the pushes imply: the start
-    push, the producer's relabel to version 0, then one push per update (3)."""
+    """torchrun, 2 DeepSpeed ranks attached to one server with ``train.max_staleness=1`` and D3S over the whole step:
+    each rank's producer runs its collectives (the rule's gather of both ranks' advantages, the kept rows gathered and
+    broadcast, the reward statistics) on a gloo group of its own (``Dist.fork``) while the trainer's (ZeRO-3 gathers,
+    gradients, the token level's global top K, the clock) run on the default one; the run ends (no deadlock: the
+    harness's timeout), both ranks train every step, the rows' staleness is the stated schedule (docs/async.md: 0 at
+    step 1, then 1), and the server serves the version the pushes imply: the start push, the producer's relabel to
+    version 0, then one push per update (3)."""
     from support.harness import torchrun
 
     args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=3"]
+    args += ["algorithm=d3s_cross", "algorithm.rule=d3s_cross_step", "algorithm.m_final=null"]  # whole-step selection
     args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
     args += ["eval.max_examples=4", "eval.every_s=null", "eval.every_steps=null", "eval.at_start=false", "train.max_staleness=1"]
     torchrun([*args, "hardware.dist_timeout_s=300", f"hydra.run.dir={tmp_path}"], tmp_path / "torchrun.log", timeout=400)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [(r["staleness_max"], r["staleness_mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (1, 1.0)]
-    assert all(r["kept"] == 4 for r in rows)  # 2 ranks x 1 prompt x m = 2: both trained every step
+    assert all(r["kept"] == 4 for r in rows)  # m = 2 of n = 4 per group, 2 groups over the step, 2 rows per rank
     assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "3"
 
 
