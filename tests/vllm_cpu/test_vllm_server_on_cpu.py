@@ -4,8 +4,9 @@ whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not 
 In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
 and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
 4-step ``python -m pods.train rollout=vllm_server train.max_staleness=0`` run attached to the module's server logs what
-the loop before the producer logged, a k = 1 run logs the stated staleness, a 1-step 2-rank torchrun run attached to it,
-and a 3-step 2-rank one with k = 1 (each rank's producer on a process group of its own); then the server is frozen
+the loop before the producer logged, a k = 1 run logs the stated staleness, a 3-step 2-rank torchrun run attached to it
+logs what it logged before the producer's process group, and a 3-step 2-rank one with k = 1 (each rank's producer on a
+process group of its own) logs the stated staleness; then the server is frozen
 mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
 """
 
@@ -142,16 +143,25 @@ def test_staleness_1_run_attached_logs_the_stated_schedule(served, tmp_path):
 
 
 def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
-    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label."""
+    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label.
+    3 steps with ``train.max_staleness=0`` log what main 4756644 (before the producer's process group, ``Dist.fork``)
+    logged with this command (tests/support/main_rows_4756644_two_ranks_server.jsonl), timings aside."""
     from support.harness import torchrun
 
-    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=1"]
+    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=3"]
     args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
     args += ["eval.max_examples=8", "eval.every_s=null", "eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
     torchrun(args, tmp_path / "torchrun.log", timeout=400)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
-    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "2"  # start + 1 step
+    got = untimed(read_metrics(tmp_path / "metrics.jsonl"))
+    want = untimed(
+        [json.loads(line) for line in (ROOT / "tests/support/main_rows_4756644_two_ranks_server.jsonl").read_text().splitlines()]
+    )
+    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in want] and len(want) == 6
+    gap = ("sampler_gap", "sampler_gap_max")  # the server's log-probs: its batching may move the last bits
+    for g, w in zip(got, want):
+        assert {k: g.get(k) for k in w if k not in gap} == {k: v for k, v in w.items() if k not in gap}
+        assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "4"  # start + 3 steps
 
 
 def test_two_ranks_with_staleness_1_follow_the_schedule(served, tmp_path):
