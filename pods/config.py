@@ -51,13 +51,17 @@ def validate(cfg: dict | Root) -> Root:
 
 def _asynchronous(cfg: Root, needs_sync: bool) -> None:
     """``train.max_staleness >= 1`` (docs/async.md): the trainer draws from no RNG, and a policy engine's frozen copy
-    is a local module."""
+    is a local module, so several processes need an engine that holds its own copy of the weights (its producer's
+    collectives run on a group of their own: ``pods.distributed.Dist.fork``)."""
     hw, world = cfg.hardware, int(os.environ.get("WORLD_SIZE", "1"))
     if not cfg.train.max_staleness:
         return
-    need(  # the producer's collectives (refill, whole-step rules, reward statistics) would need a process group of their own
-        world == 1 and hw.nproc_per_node * hw.nnodes == 1,
-        f"train.max_staleness >= 1 runs in one process for now; this run has {max(world, hw.nproc_per_node * hw.nnodes)} (set train.max_staleness=0)",
+    procs = max(world, hw.nproc_per_node * hw.nnodes)
+    need(  # HF / sparse HF under DeepSpeed: every rank's forwards over the ZeRO-3 module gather its shards in lockstep
+        needs_sync or procs == 1,
+        f"train.max_staleness >= 1 with rollout.name={cfg.rollout.name} runs in one process (this run has {procs}): under DeepSpeed "
+        "the ranks generate with the training module itself (ZeRO-3: in lockstep, each forward gathering its shards), which a "
+        "producer thread cannot do while the module trains; use rollout=vllm_server (or vllm), or set train.max_staleness=0",
     )
     need(
         hw.finetune != "lora" or hw.lora.dropout == 0,

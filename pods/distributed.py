@@ -5,6 +5,11 @@ never spans ranks, so per-group selection is exact); each rank trains on its kep
 (DeepSpeed) reduces the gradients. What must agree across ranks is agreed here: the training clock and the
 stop decision (otherwise ranks deadlock in the next collective), and what is logged is reduced here (only
 rank 0 writes files and W&B). With one process ``Dist`` is rank 0 of 1 and every method returns its input.
+
+A ``Dist`` runs its collectives on one process group: the default one (the trainer's: DeepSpeed's gradient reduction,
+the clock, the logged rows), or, for the producer thread of ``train.max_staleness >= 1`` (``pods.producer``), a group of
+its own made by ``fork``: two threads that issue collectives on one group, in orders that differ between ranks, would
+deadlock or pair mismatched collectives.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ MAX_PREFIX = "t_"
 
 
 class Dist:
-    """Rank, world size and the few collectives the loop needs (gloo on CPU, NCCL on GPU)."""
+    """Rank, world size and the few collectives the loop needs (gloo on CPU, NCCL on GPU), on ``group`` (None: the
+    default process group)."""
 
-    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
-        self.rank, self.world, self.local_rank = rank, world, local_rank
+    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, group=None):
+        self.rank, self.world, self.local_rank, self.group = rank, world, local_rank, group
 
     @property
     def is_main(self) -> bool:
@@ -39,15 +45,28 @@ class Dist:
 
     @property
     def _device(self) -> torch.device:  # NCCL reduces CUDA tensors only
-        is_nccl = self.world > 1 and torch.distributed.get_backend() == "nccl"
+        is_nccl = self.world > 1 and torch.distributed.get_backend(self.group) == "nccl"
         return torch.device("cuda", torch.cuda.current_device()) if is_nccl else torch.device("cpu")
+
+    def fork(self, timeout_s: float | None = None) -> Dist:
+        """The same ranks on a new gloo process group (``torch.distributed.new_group``), for collectives issued by another
+        thread than this Dist's (the producer's, ``pods.producer``). Gloo on every machine: the producer's collectives
+        are a few small tensors and pickled rows, which gloo moves on CPU, while a second NCCL communicator used from
+        another thread can deadlock against the trainer's (each one's kernels wait on the GPU for their peers, in
+        orders that may differ between ranks). Collective: every rank must call it at the same point. One process: an equal Dist,
+        no group. ``timeout_s``: a collective waiting longer fails (as ``hardware.dist_timeout_s`` for the default)."""
+        if self.world == 1:
+            return Dist(self.rank, self.world, self.local_rank)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        group = torch.distributed.new_group(backend="gloo", timeout=timeout, group_desc="pods_producer")
+        return Dist(self.rank, self.world, self.local_rank, group)
 
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's ``t`` along dim 0 (same shape on every rank), in rank order."""
         if self.world == 1:
             return t
         parts = [torch.empty_like(t, device=self._device) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, t.to(self._device))
+        torch.distributed.all_gather(parts, t.to(self._device), group=self.group)
         return torch.cat(parts).to(t.device)
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -55,7 +74,8 @@ class Dist:
         if self.world == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self._device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM)
+        reduce_op = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+        torch.distributed.all_reduce(t, op=reduce_op, group=self.group)
         return t.tolist()
 
     def max(self, x: float) -> float:
@@ -110,7 +130,7 @@ class Dist:
         if self.world == 1:
             return obj
         box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def gather_object(self, obj) -> list | None:
@@ -118,12 +138,12 @@ class Dist:
         if self.world == 1:
             return [obj]
         out = [None] * self.world if self.is_main else None
-        torch.distributed.gather_object(obj, out, dst=0)
+        torch.distributed.gather_object(obj, out, dst=0, group=self.group)
         return out
 
     def barrier(self) -> None:
         if self.world > 1:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self.group)
 
 
 def free_port() -> int:

@@ -122,14 +122,22 @@ class Producer:
 
     The trainer calls, per step u (its version before the update: u - 1): ``top_up`` (submit batches up to u + k),
     ``take(u)`` (wait for batch u), then after the update ``settle(u)`` (wait until the producer is idle, push version
-    u); and ``rewind`` before a checkpoint."""
+    u); and ``rewind`` before a checkpoint.
+
+    Several ranks: each runs its own producer, and every collective of ``prepare`` (the refill's agreement, a
+    whole-step rule's gather, the reward statistics) runs on ``self.dist``, a process group of the producers' own
+    (``Dist.fork``), while the trainer thread's (gradients, clock, logged rows, the weight export) stay on the default
+    group. Each rank's producer runs the same jobs in the same order, so its collectives pair up across ranks."""
 
     def __init__(self, run, version: int, next_batch: int):
         cfg, engine = run.cfg, run.engine
         self.run, self.k = run, cfg.train.max_staleness
         self.engine = engine if engine.needs_sync else Frozen(engine, run.model_dir, run.tok)  # (a copy of the resumed policy)
         self.weights = run.backend.export_weights if engine.needs_sync else lambda: run.backend.policy.state_dict().items()
-        self.engine.version, self.next = version, next_batch
+        self.dist = run.dist.fork(cfg.hardware.dist_timeout_s)  # the producer's collectives: a group of their own
+        self.dist.barrier()  # every rank's start push is done (vllm_server: the other ranks saw its label) ...
+        self.engine.version, self.next = version, next_batch  # ... before rank 0 relabels the servers with ``version``
+        self.dist.barrier()  # ... and that is done before any rank's producer generates
         self.pending: deque[tuple[int, Future]] = deque()
         threads = cfg.hardware.torch_threads or torch.get_num_threads()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="pods-producer", initializer=torch.set_num_threads, initargs=(threads,))
@@ -151,7 +159,7 @@ class Producer:
         run, start = self.run, self.state()  # where this batch starts: what a rewind restores
         more = lambda: run.prompts_of(run.sampler.next())  # noqa: E731 - a refill's next batch (pods.refill)
         prompts, golds = more()  # (1)
-        ready = prepare(run.cfg, self.engine, run.backend.micro_batch_size, prompts, golds, run.gen, run.dist, progress, more)
+        ready = prepare(run.cfg, self.engine, run.backend.micro_batch_size, prompts, golds, run.gen, self.dist, progress, more)
         return ready, start
 
     def take(self, batch: int) -> Ready:
@@ -165,6 +173,7 @@ class Producer:
         t0 = time.perf_counter()
         for _, future in self.pending:
             future.result()
+        self.run.dist.barrier()  # every rank's producer is idle before rank 0 pushes into servers they all share
         waited = time.perf_counter() - t0
         self.engine.load_weights(self.weights())
         self.engine.version = version

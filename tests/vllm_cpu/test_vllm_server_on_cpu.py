@@ -4,7 +4,9 @@ whole module (its start, 40 s to 2 min on 2 loaded cores, is the fixture's, not 
 In file order: seeded sampling equals the colocated vLLM engine's; a gloo push changes the outputs, passes the sync check
 and counts versions; an attached server whose length or dtype differ is refused in one line before anything loads; a
 4-step ``python -m pods.train rollout=vllm_server train.max_staleness=0`` run attached to the module's server logs what
-the loop before the producer logged, a k = 1 run logs the stated staleness, and a 1-step 2-rank torchrun run attached to it; then the server is frozen
+the loop before the producer logged, a k = 1 run logs the stated staleness, a 3-step 2-rank torchrun run attached to it
+logs what it logged before the producer's process group, and a 3-step 2-rank one with k = 1 (each rank's producer on a
+process group of its own) logs the stated staleness; then the server is frozen
 mid-generate (SIGSTOP: a hung server) and the generate fails in one line within the timeout; close leaves no process.
 """
 
@@ -141,16 +143,47 @@ def test_staleness_1_run_attached_logs_the_stated_schedule(served, tmp_path):
 
 
 def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
-    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label."""
+    """torchrun, 2 DeepSpeed ranks attached to one server: both generate there, rank 0 pushes, rank 1 waits for its label.
+    3 steps with ``train.max_staleness=0`` log what main 4756644 (before the producer's process group, ``Dist.fork``)
+    logged with this command (tests/support/main_rows_4756644_two_ranks_server.jsonl), timings aside."""
     from support.harness import torchrun
 
-    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=1"]
+    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=3"]
     args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
     args += ["eval.max_examples=8", "eval.every_s=null", "eval.every_steps=null", f"hydra.run.dir={tmp_path}"]
     torchrun(args, tmp_path / "torchrun.log", timeout=400)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
-    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "2"  # start + 1 step
+    got = untimed(read_metrics(tmp_path / "metrics.jsonl"))
+    want = untimed(
+        [json.loads(line) for line in (ROOT / "tests/support/main_rows_4756644_two_ranks_server.jsonl").read_text().splitlines()]
+    )
+    assert [(r["kind"], r["step"]) for r in got] == [(r["kind"], r["step"]) for r in want] and len(want) == 6
+    gap = ("sampler_gap", "sampler_gap_max")  # the server's log-probs: its batching may move the last bits
+    for g, w in zip(got, want):
+        assert {k: g.get(k) for k in w if k not in gap} == {k: v for k, v in w.items() if k not in gap}
+        assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "4"  # start + 3 steps
+
+
+def test_two_ranks_with_staleness_1_follow_the_schedule(served, tmp_path):
+    """torchrun, 2 DeepSpeed ranks attached to one server with ``train.max_staleness=1`` and D3S over the whole step:
+    each rank's producer runs its collectives (the rule's gather of both ranks' advantages, the kept rows gathered and
+    broadcast, the reward statistics) on a gloo group of its own (``Dist.fork``) while the trainer's (ZeRO-3 gathers,
+    gradients, the token level's global top K, the clock) run on the default one; the run ends (no deadlock: the
+    harness's timeout), both ranks train every step, the rows' staleness is the stated schedule (docs/async.md: 0 at
+    step 1, then 1), and the server serves the version the pushes imply: the start push, the producer's relabel to
+    version 0, then one push per update (3)."""
+    from support.harness import torchrun
+
+    args = ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SERVER, f"rollout.servers=[{served.servers.urls[0]}]", "train.max_steps=3"]
+    args += ["algorithm=d3s_cross", "algorithm.rule=d3s_cross_step", "algorithm.m_final=null"]  # whole-step selection
+    args += ["train.time_budget_s=null", "train.prompts_per_step=1", "algorithm.n=4", "algorithm.m=2", "sampling.max_tokens=12"]
+    args += ["eval.max_examples=4", "eval.every_s=null", "eval.every_steps=null", "eval.at_start=false", "train.max_staleness=1"]
+    torchrun([*args, "hardware.dist_timeout_s=300", f"hydra.run.dir={tmp_path}"], tmp_path / "torchrun.log", timeout=400)
+    rows = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [(r["staleness_max"], r["staleness_mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (1, 1.0)]
+    assert all(r["kept"] == 4 for r in rows)  # m = 2 of n = 4 per group, 2 groups over the step, 2 rows per rank
+    assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "3"
 
 
 def test_hung_server_is_one_line_within_the_timeout_and_close_leaves_no_process(served, prompts):
