@@ -91,6 +91,12 @@ def worker_env() -> dict:
     }
 
 
+def session_alive(sid: int) -> list[int]:
+    """The live processes (zombies left out) of session ``sid``: a launched server's API process and its engine."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout.split()
+    return [int(p) for p, s, st in zip(out[::3], out[1::3], out[2::3]) if int(s) == sid and not st.startswith("Z")]
+
+
 def torchrun(args: list[str], log: Path, timeout: int = 400, nproc: int = 2) -> str:
     """``torchrun --nproc_per_node nproc ARGS`` from the repo root on a free port; its output goes to ``log``.
     Fails the test (naming the log) unless every rank exited 0; returns stdout."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from support.config import ROOT
-from support.harness import needs_vllm_kernels, worker_env
+from support.harness import needs_vllm_kernels, session_alive, worker_env
 from support.runs import TINY_STEPS
 
 pytestmark = [pytest.mark.slow, needs_vllm_kernels]
@@ -57,11 +57,6 @@ def _server_pid(parent: int) -> int | None:
     return None
 
 
-def _session_alive(sid: int) -> list[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout.split()
-    return [int(p) for p, s, st in zip(out[::3], out[1::3], out[2::3]) if int(s) == sid and not st.startswith("Z")]
-
-
 def test_a_server_killed_mid_run_ends_it_in_one_line_within_the_timeout_and_keeps_the_work(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "pods.train", *RUN, f"hydra.run.dir={run_dir}"]
@@ -88,7 +83,7 @@ def test_a_server_killed_mid_run_ends_it_in_one_line_within_the_timeout_and_keep
     assert took < TIMEOUT_S + 30, f"the run took {took:.0f} s to end after its server died"
     assert last.startswith("pods: vLLM server http://127.0.0.1:") and "train.resume=auto" in last, last
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert not _session_alive(server), "the killed server's session left processes"
+    assert not session_alive(server), "the killed server's session left processes"
     steps = [r["step"] for r in _train_rows(run_dir / "metrics.jsonl")]
     kept = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert steps[:2] == [1, 2] and kept in last and int(kept.removeprefix("step_").removesuffix(".pt")) >= 2, (steps, kept)

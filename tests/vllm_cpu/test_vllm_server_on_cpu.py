@@ -26,7 +26,7 @@ from pods.errors import ConfigError
 from pods.metrics import read_metrics
 from pods.schema import check
 from support.config import ROOT, compose
-from support.harness import needs_vllm_kernels, worker_env
+from support.harness import needs_vllm_kernels, session_alive, worker_env
 from support.runs import MAIN_648D2CC_RUN, untimed
 
 pytestmark = [pytest.mark.slow, needs_vllm_kernels]
@@ -197,24 +197,6 @@ def test_hung_server_is_one_line_within_the_timeout_and_close_leaves_no_process(
         served.generate(prompts, 2, Sampling(**SAMPLED))
     took = time.monotonic() - clock
     assert took < 5.0 + 10 and served.servers.urls[0] in str(e.value) and "within 5 s" in str(e.value) and "\n" not in str(e.value)
-    group = _session(proc.pid)
-    assert group, "the server runs in its own session"
+    assert session_alive(proc.pid), "the server runs in its own session"
     served.close()
-    assert proc.poll() is not None and not _alive(group), f"orphans after close: {_alive(group)}"
-
-
-def _session(sid: int) -> list[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True).stdout.split()
-    return [int(p) for p, s in zip(out[::2], out[1::2]) if int(s) == sid]
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split()[2] != "Z":
-                    alive.append(pid)
-        except FileNotFoundError:
-            pass
-    return alive
+    assert proc.poll() is not None and not session_alive(proc.pid), f"orphans after close: {session_alive(proc.pid)}"
