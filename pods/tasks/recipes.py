@@ -96,23 +96,29 @@ def recipe_pods_release(completion: str, gold: str, grade) -> Score:
     return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
 
 
-def _always_bonus(scale: float):
+def _always_bonus(completion: str, gold: str, grade, scale: float) -> Score:
     """The later commits' recipe: correctness + scale x format score + scale x 0.25 per tag, on every answer."""
+    correct, extracted = grade(completion, gold)
+    extra = chars_outside(completion)
+    fmt = 0.0 if extra is None else scale * max(0.0, 1.0 - 0.01 * extra)
+    terms = {"correct": float(correct), "format": fmt, "tags": scale * 0.25 * tags_once(completion)}
+    return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
 
-    def recipe(completion: str, gold: str, grade) -> Score:
-        correct, extracted = grade(completion, gold)
-        extra = chars_outside(completion)
-        fmt = 0.0 if extra is None else scale * max(0.0, 1.0 - 0.01 * extra)
-        terms = {"correct": float(correct), "format": fmt, "tags": scale * 0.25 * tags_once(completion)}
-        return Score(terms=terms, correct=correct, formatted=pods_formatted(completion), extracted=extracted)
 
-    return recipe
+# Module-level functions, not closures: a grading worker imports a recipe by name (pods.tasks.guard.sendable), and a
+# closure would be scored in the training process with no time limit.
+@RECIPES.register("pods_0c453d2")
+def recipe_pods_0c453d2(completion: str, gold: str, grade) -> Score:
+    return _always_bonus(completion, gold, grade, SCALE_0C453D2)
+
+
+@RECIPES.register("pods_187f43b")
+def recipe_pods_187f43b(completion: str, gold: str, grade) -> Score:
+    return _always_bonus(completion, gold, grade, SCALE_187F43B)
 
 
 RECIPES.register("pods_3fc107e")(recipe_pods_release)
-RECIPES.register("pods_0c453d2")(_always_bonus(SCALE_0C453D2))
-RECIPES.register("pods_187f43b")(_always_bonus(SCALE_187F43B))
-RECIPES.register("pods_head")(RECIPES.get("pods_187f43b"))
+RECIPES.register("pods_head")(recipe_pods_187f43b)
 
 
 @RECIPES.register("open_r1")

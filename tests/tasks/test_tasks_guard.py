@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 
 import pytest
 
 from pods.tasks import GRADERS, RECIPES, score_batch
 from pods.tasks.base import zero_score
-from pods.tasks.guard import GradingPool, get_pool
+from pods.tasks.guard import GradingPool, get_pool, sendable
 
 TIMEOUT_S = 3.0
 SLACK_S = 1.0  # select() wake-up and process-kill latency on a busy 2-core machine
@@ -73,6 +74,16 @@ def test_functions_a_worker_cannot_import_are_scored_in_process_with_a_warning(m
     with pytest.warns(UserWarning, match="not importable by name"):
         scores = score_batch(["18", "17"], ["18", "18"], "correctness", "test_lambda")
     assert [s.correct for s in scores] == [True, False]
+
+
+def test_every_shipped_recipe_and_grader_is_graded_in_a_worker_under_the_time_limit():
+    """A closure or lambda in a registry would be scored in the training process with no time limit (pods_head,
+    pods_187f43b and pods_0c453d2 were closures until session 6)."""
+    import pods.tasks  # noqa: F401  every task module registers its recipe and grader
+
+    for registry in (RECIPES, GRADERS):
+        for name in sorted(registry._items):
+            assert sendable(registry.get(name)), f"{name} is not importable by name in a grading worker"
 
 
 def _adversarial(n: int, seed: int = 0) -> list[str]:
@@ -147,8 +158,11 @@ def _adversarial(n: int, seed: int = 0) -> list[str]:
 def test_fuzz_adversarial_completions_finish_within_the_limit(seed, grader, recipe):
     completions = _adversarial(1000, seed=seed)
     golds = [random.Random(i).choice(["18", "\\frac{1}{2}", "x^2+1", "9^{9}"]) for i in range(len(completions))]
+    get_pool().last_stats = {}  # the stats read below are this call's, not an earlier test's
     start = time.monotonic()
-    scores = score_batch(completions, golds, recipe, grader, timeout_s=TIMEOUT_S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scoring in this process (no time limit) warns: fail instead
+        scores = score_batch(completions, golds, recipe, grader, timeout_s=TIMEOUT_S)
     stats = get_pool().last_stats
     assert len(scores) == len(completions)
     assert stats["max_seconds"] <= TIMEOUT_S + SLACK_S, stats

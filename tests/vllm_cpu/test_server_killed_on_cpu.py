@@ -47,14 +47,28 @@ def _train_rows(path: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "train"]
 
 
-def _server_pid(parent: int) -> int | None:
-    """The launched API server: a child of ``parent`` running vLLM's OpenAI entry point (its own session leader)."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        pid, ppid, args = line.split(None, 2)
-        if int(ppid) == parent and "vllm.entrypoints.openai.api_server" in args:
-            return int(pid)
-    return None
+def _tree(root: int) -> list[tuple[int, int, str]]:
+    """(pid, session id, command) of every live descendant of ``root``, from ``ps`` (read as a table, never matched on
+    its command text: a CI's ``ps`` may cut long command lines, and vLLM may retitle its processes)."""
+    out = subprocess.run(["ps", "-e", "-ww", "-o", "pid=,ppid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 4) for line in out.splitlines()]
+    rows = [(int(pid), int(ppid), int(sid), stat, (rest or [""])[0]) for pid, ppid, sid, stat, *rest in rows]
+    found, tree = {root}, []
+    for _ in range(len(rows)):  # grow the tree until no new child appears
+        new = [r for r in rows if r[1] in found and r[0] not in found and not r[3].startswith("Z")]
+        if not new:
+            break
+        found.update(r[0] for r in new)
+        tree += [(pid, sid, args[:160]) for pid, _, sid, _, args in new]
+    return tree
+
+
+def _server_pid(parent: int) -> tuple[int | None, list]:
+    """The launched API server: the run's descendant that leads its own session (pods.engines.server_procs starts each
+    server with setsid; grading workers and threads stay in the run's session)."""
+    tree = _tree(parent)
+    leaders = [pid for pid, sid, _ in tree if pid == sid]
+    return (leaders[0] if len(leaders) == 1 else None), tree
 
 
 def test_a_server_killed_mid_run_ends_it_in_one_line_within_the_timeout_and_keeps_the_work(tmp_path):
@@ -68,8 +82,8 @@ def test_a_server_killed_mid_run_ends_it_in_one_line_within_the_timeout_and_keep
                 assert p.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
                 assert time.monotonic() < deadline, "the run logged no two steps in 600 s"
                 time.sleep(0.5)
-            server = _server_pid(p.pid)
-            assert server is not None, "no launched server found among the run's children"
+            server, tree = _server_pid(p.pid)
+            assert server is not None, f"not one launched server (session leader) among the run's processes: {tree}"
             os.killpg(server, signal.SIGKILL)  # the API server and its engine core: the server's whole session
             clock = time.monotonic()
             rc = p.wait(timeout=TIMEOUT_S + 90)
