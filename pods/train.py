@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, read_write
@@ -28,9 +29,15 @@ register()  # the schema's defaults as the config nodes conf/ builds on (`_schem
 MAX_CHECKED_JOBS = 512  # a larger sweep is checked job by job as it runs
 
 
-def fail(e: Exception) -> None:
-    print(f"pods: config error: {e}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def stop(message: str, code: int) -> NoReturn:
+    """End the process with one line on stderr, ``pods: <message>``, and exit ``code``: no traceback."""
+    print(f"pods: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def fail(e: Exception) -> NoReturn:
+    """Bad input (a config, a missing file): exit 2 before anything loads, or at the end of a run."""
+    stop(f"config error: {e}", 2)
 
 
 def kept_work(run_dir: str) -> str:
@@ -177,8 +184,7 @@ def suite(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
     except ConfigError as e:
         fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}"))
     except RuntimeError as e:
-        print(f"pods: eval.suite: the suite evaluation of {run_dir} failed: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        stop(f"eval.suite: the suite evaluation of {run_dir} failed: {e}", 1)
     if summary is not None:  # rank 0
         print((out / "table.md").read_text())
         print(f"-> {out}", flush=True)
@@ -208,8 +214,7 @@ def run(cfg: DictConfig) -> float | None:
     except (ConfigError, FileNotFoundError) as e:
         fail(e)
     except ServerError as e:  # a server died, hung or refused mid-run: one line, and where the work is kept
-        print(f"pods: {e}; {kept_work(run_dir)}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        stop(f"{e}; {kept_work(run_dir)}", 1)
     suite(plain, prepared, run_dir)
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")
