@@ -6,6 +6,7 @@ The paper values below are typed in from ../shared/docs/paper-facts.md, never re
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -324,13 +325,19 @@ def section_swap(got: dict, want: dict, prefix: str) -> list[str]:
     return out
 
 
+@functools.cache
+def composed_once(*overrides: str) -> dict:
+    """``compose`` for the read-only callers below (cpu_swap, signature): each command line composed once per process."""
+    return compose(list(overrides))
+
+
 def cpu_swap(exp: str) -> tuple[list[str], int]:
     """(overrides after ``experiment=exp``, ranks): the tiny model and CPU sections swapped in, shrunk to 2 steps."""
-    cfg = compose([f"experiment={exp}"])
+    cfg = composed_once(f"experiment={exp}")
     ranks = 2 if cfg["hardware"]["nproc_per_node"] > 1 else 1
     groups = {**CPU_GROUPS, "hardware": "cpu_ddp2_zero3" if ranks > 1 else "cpu"} if cfg["hardware"]["device"] == "cuda" else {}
     choices = [f"{g}={c}" for g, c in groups.items()]
-    got, want = compose([f"experiment={exp}", *choices]), compose(choices)
+    got, want = composed_once(f"experiment={exp}", *choices), composed_once(*choices)
     args = choices + [o for g in groups for o in section_swap(got[g], want[g], g)]
     if groups and ranks > 1 and cfg["hardware"]["backend"] == "deepspeed":  # the experiment's ZeRO stage on the 2 CPU ranks
         args.append(f"hardware.deepspeed.stage={cfg['hardware']['deepspeed']['stage']}")
@@ -362,8 +369,6 @@ PATHS = [
     "gsm8k_qwen3b_grpo_16_16_l40s",
     "gsm8k_qwen3b_grpo_ga_h100x8",
     "gsm8k_qwen3b_pods_h100x8",
-    "gsm8k_qwen7b_grpo_ga_a100x8",
-    "gsm8k_qwen7b_pods_a100x8",
     "d3s_llama3_1_8b_grpo_h100x8",
     "d3s_qwen2_5_math_7b_grpo_h100x8",
     "d3s_qwen2_5_math_7b_grpo_baseline_h100x8",
@@ -374,10 +379,14 @@ PATHS = [
 
 
 def signature(exp: str) -> tuple:
-    """What decides the command line's code path for a GPU file run on the tiny model: profile, algorithm, engine,
-    an end-of-run suite or not."""
-    c = compose([f"experiment={exp}"])
-    return c["hardware"]["name"], c["algorithm"]["name"], c["rollout"]["name"], bool(c["eval"]["suite"])
+    """What decides the command line's code path for a GPU file run on the tiny model: the command line it runs here
+    (``cpu_swap``: ranks, profile, ZeRO stage, micro-batch, suite; model and data left out, they are the tiny ones, and
+    the SLURM resources, a local launch never reads them), the algorithm, the engine. Two GPU profiles that run here as the same command line are one path (a100x8_zero3 is
+    h100x8_zero3 with another micro-batch, and both become 64 here)."""
+    c = composed_once(f"experiment={exp}")
+    args, ranks = cpu_swap(exp)
+    here = tuple(a for a in args if not a.startswith(("model", "dataset", "~dataset", "hardware.slurm")))  # slurm: SLURM only
+    return ranks, here, c["algorithm"]["name"], c["rollout"]["name"]
 
 
 def test_each_code_path_of_the_gpu_files_runs_in_test_all():
