@@ -381,8 +381,8 @@ PATHS = [
 def signature(exp: str) -> tuple:
     """What decides the command line's code path for a GPU file run on the tiny model: the command line it runs here
     (``cpu_swap``: ranks, profile, ZeRO stage, micro-batch, suite; model and data left out, they are the tiny ones, and
-    the SLURM resources, a local launch never reads them), the algorithm, the engine. Two GPU profiles that run here as the same command line are one path (a100x8_zero3 is
-    h100x8_zero3 with another micro-batch, and both become 64 here)."""
+    the SLURM resources, a local launch never reads them), the algorithm, the engine. Two GPU profiles that run here as
+    the same command line are one path (a100x8_zero3 is h100x8_zero3 with another micro-batch; both become 64 here)."""
     c = composed_once(f"experiment={exp}")
     args, ranks = cpu_swap(exp)
     here = tuple(a for a in args if not a.startswith(("model", "dataset", "~dataset", "hardware.slurm")))  # slurm: SLURM only

@@ -91,10 +91,17 @@ def worker_env() -> dict:
     }
 
 
+def processes() -> list[tuple[int, int, int, str]]:
+    """(pid, parent pid, session id, command) of every live process (zombies left out), from ``ps -ww``: the whole
+    command, never cut to a screen width (``COLUMNS``)."""
+    out = subprocess.run(["ps", "-e", "-ww", "-o", "pid=,ppid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 4) for line in out.splitlines()]
+    return [(int(pid), int(ppid), int(sid), (rest or [""])[0]) for pid, ppid, sid, stat, *rest in rows if not stat.startswith("Z")]
+
+
 def session_alive(sid: int) -> list[int]:
-    """The live processes (zombies left out) of session ``sid``: a launched server's API process and its engine."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout.split()
-    return [int(p) for p, s, st in zip(out[::3], out[1::3], out[2::3]) if int(s) == sid and not st.startswith("Z")]
+    """The live processes of session ``sid``: a launched server's API process and its engine."""
+    return [pid for pid, _, s, _ in processes() if s == sid]
 
 
 def torchrun(args: list[str], log: Path, timeout: int = 400, nproc: int = 2) -> str:

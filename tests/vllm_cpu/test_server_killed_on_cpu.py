@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from support.config import ROOT
-from support.harness import needs_vllm_kernels, session_alive, worker_env
+from support.harness import needs_vllm_kernels, processes, session_alive, worker_env
 from support.runs import TINY_STEPS
 
 pytestmark = [pytest.mark.slow, needs_vllm_kernels]
@@ -48,18 +48,16 @@ def _train_rows(path: Path) -> list[dict]:
 
 
 def _tree(root: int) -> list[tuple[int, int, str]]:
-    """(pid, session id, command) of every live descendant of ``root``, from ``ps`` (read as a table, never matched on
-    its command text: a CI's ``ps`` may cut long command lines, and vLLM may retitle its processes)."""
-    out = subprocess.run(["ps", "-e", "-ww", "-o", "pid=,ppid=,sid=,stat=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 4) for line in out.splitlines()]
-    rows = [(int(pid), int(ppid), int(sid), stat, (rest or [""])[0]) for pid, ppid, sid, stat, *rest in rows]
-    found, tree = {root}, []
-    for _ in range(len(rows)):  # grow the tree until no new child appears
-        new = [r for r in rows if r[1] in found and r[0] not in found and not r[3].startswith("Z")]
-        if not new:
-            break
-        found.update(r[0] for r in new)
-        tree += [(pid, sid, args[:160]) for pid, _, sid, _, args in new]
+    """(pid, session id, command) of every live descendant of ``root`` (found by parent pid, never by command text:
+    vLLM may retitle its processes)."""
+    children: dict[int, list[tuple[int, int, str]]] = {}
+    for pid, ppid, sid, args in processes():
+        children.setdefault(ppid, []).append((pid, sid, args[:160]))
+    tree, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        tree += kids
+        todo += [pid for pid, _, _ in kids]
     return tree
 
 
