@@ -220,18 +220,24 @@ def run(cfg: DictConfig) -> float | None:
     return last.get("accuracy")
 
 
-def main() -> float | None:
-    """``pods-train``: check the command line's runs, then let Hydra run them."""
+def main(argv: list[str] | None = None) -> float | None:
+    """``pods-train``: check the command line's runs, then let Hydra run them. ``argv``: the arguments after the
+    program's name (None: ``sys.argv[1:]``); given, they are what Hydra reads too, so a test runs the command in-process."""
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        finished = preflight(sys.argv[1:])
+        finished = preflight(argv)
     except ConfigError as e:
         fail(e)
     if finished:  # a single run resumed after its end: nothing runs, Hydra writes nothing into it
         if rank0():
             print(finished, flush=True)
         return None
-    return run()
+    saved, sys.argv = sys.argv, [sys.argv[0], *argv]  # @hydra.main reads sys.argv
+    try:
+        return run()
+    finally:
+        sys.argv = saved
 
 
 if __name__ == "__main__":
