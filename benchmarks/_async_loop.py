@@ -42,7 +42,7 @@ class Loop:
     def produce(self, engine):
         import torch
 
-        from pods.refill import generate_groups
+        from pods.loop.rollouts import generate_groups
 
         i = int(torch.randint(len(self.ids), (1,), generator=self.rng))
         return generate_groups(self.cfg, engine, [self.ids[i]], [self.golds[i]])
@@ -50,7 +50,7 @@ class Loop:
     def consume(self, groups) -> None:
         from pods import distributed, tokens
         from pods.backends import build_batch
-        from pods.step import select_rows
+        from pods.loop.rollouts import select_rows
 
         a, n = self.cfg.algorithm, self.cfg.algorithm.n
         _, adv = select_rows(a, groups.rewards, n, generator=self.gen, dist=distributed.SINGLE)

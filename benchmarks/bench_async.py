@@ -13,7 +13,7 @@ first on PYTHONPATH, and are written as skipped, with the reason, when ``trl`` d
   differences of ``train_time``, which excludes evaluation; TRL: ``on_step_end`` to ``on_step_end``); a row gives the
   median over its runs and the ratio to TRL's. ``train.max_staleness`` is passed only when this tree's schema has it,
   else the row says "not available".
-- overlap: in this process on pods' components (``LocalBackend``, ``HFEngine``, ``pods.refill.generate_groups``):
+- overlap: in this process on pods' components (``LocalBackend``, ``HFEngine``, ``pods.loop.rollouts.generate_groups``):
   ``sync2`` = generate then update, 2 intra-op threads each; ``sync1`` = the same at 1 thread; ``overlap`` = the
   update on batch t in one Python thread while another generates batch t+1 with a copy of the policy one version
   behind, 1 intra-op thread each, then the weights copied into it (counted). Median step time over 20 steps after 3

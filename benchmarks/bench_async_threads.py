@@ -4,7 +4,7 @@
 
 The same CPU work (tanh(A @ x) chains on 256 x 256 float32, as a generate's small matmuls are) done twice in one
 thread, then once in the main thread and once in a second thread at the same time, each thread with
-``torch.set_num_threads(1)`` (what ``pods.producer`` sets). A ratio (two threads / one thread) near 0.5 means the GIL
+``torch.set_num_threads(1)`` (what ``pods.loop.producer`` sets). A ratio (two threads / one thread) near 0.5 means the GIL
 is released inside the ops and the two run on two cores; 1.0 means none overlap. Interleaved repeats; the load
 average is recorded with each (the ratio is only as clean as the machine is idle).
 """

@@ -77,14 +77,19 @@ def one_step(cfg: dict, built, prompts: list[int], seed: int) -> dict:
     """One ``rollout_step`` of ``cfg``'s algorithm on the given prompt indices; its timings and counts."""
     import torch
 
+    from pods.distributed import SINGLE
     from pods.loop import rollout_step
+    from pods.loop.learn import Trainer
+    from pods.loop.rollouts import Generation, Source
 
     backend, engine, ids, golds, pad = built
     backend.alg = cfg["algorithm"]  # the arms differ in n, m and rule only (asserted in main), not in the loss
     torch.manual_seed(seed)  # both arms: the same rollouts
     t0 = time.perf_counter()
     select = torch.Generator().manual_seed(0)  # the random rule's stream (max_variance and all do not draw from it)
-    r = rollout_step(cfg, engine, backend, [ids[i] for i in prompts], [golds[i] for i in prompts], select, 0.0, pad)
+    source = Source.of_batch([ids[i] for i in prompts], [golds[i] for i in prompts], select)
+    g, t = Generation(cfg, engine, SINGLE, backend.micro_batch_size), Trainer(cfg, backend, pad, SINGLE, engine)
+    r = rollout_step(g, t, source, 0.0)
     keys = ("t_generate", "t_score", "t_select", "t_update", "t_sync", "tokens", "tokens_trained", "kept", "truncated", "zero_var_groups")
     return {**{k: r[k] for k in keys}, "step_s": time.perf_counter() - t0}
 

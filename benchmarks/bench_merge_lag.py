@@ -117,9 +117,12 @@ def one(lr: float, arm: str, steps: int, model_dir: str, seed: int) -> list[dict
 
     from pods.backends import build_batch
     from pods.backends.local import LocalBackend
+    from pods.distributed import SINGLE
     from pods.engines import Sampling
     from pods.engines.vllm import VLLMEngine
     from pods.loop import rollout_step
+    from pods.loop.learn import Trainer
+    from pods.loop.rollouts import Generation, Source
     from pods.models import load_tokenizer
     from pods.tasks import DATASETS, encode_prompts
 
@@ -143,7 +146,9 @@ def one(lr: float, arm: str, steps: int, model_dir: str, seed: int) -> list[dict
     gen, rows, order = torch.Generator().manual_seed(seed), [], torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))
     for step in range(1, steps + 1):
         pick = order[(2 * step) % len(ids) : (2 * step) % len(ids) + 2].tolist()
-        row = rollout_step(cfg, engine, backend, [ids[i] for i in pick], [examples[i].gold for i in pick], gen, lr, tok.pad_token_id)
+        source = Source.of_batch([ids[i] for i in pick], [examples[i].gold for i in pick], gen)
+        g, t = Generation(cfg, engine, SINGLE, backend.micro_batch_size), Trainer(cfg, backend, tok.pad_token_id, SINGLE, engine)
+        row = rollout_step(g, t, source, lr)
         dt = (backend.policy_logprobs(probe) - t0)[mask]
         ds = (engine_logprobs(engine, seqs, starts) - s0)[mask]
         reach = float((ds * dt).sum() / (dt * dt).sum()) if float((dt * dt).sum()) > 0 else float("nan")

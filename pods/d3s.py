@@ -92,7 +92,7 @@ def cross_step(advantages: Tensor, m: int, *, generator: torch.Generator | None 
         generator: unused (deterministic).
     Returns:
         ``LongTensor[W * G * m]``: flat row indices into the W * G * n rows, ascending. Every rank computes the same
-        selection; rank r trains the r-th of W equal slices of it (``pods.step.take_rows`` moves those rows
+        selection; rank r trains the r-th of W equal slices of it (``pods.loop.rollouts.Rows.take`` moves those rows
         to it), so every rank still trains G * m rows (lockstep forwards under ZeRO-3, the same normalisers).
     """
     return cross_group(advantages, m)

@@ -7,7 +7,7 @@ stop decision (otherwise ranks deadlock in the next collective), and what is log
 rank 0 writes files and W&B). With one process ``Dist`` is rank 0 of 1 and every method returns its input.
 
 A ``Dist`` runs its collectives on one process group: the default one (the trainer's: DeepSpeed's gradient reduction,
-the clock, the logged rows), or, for the producer thread of ``train.max_staleness >= 1`` (``pods.producer``), a group of
+the clock, the logged rows), or, for the producer thread of ``train.max_staleness >= 1`` (``pods.loop.producer``), a group of
 its own made by ``fork``: two threads that issue collectives on one group, in orders that differ between ranks, would
 deadlock or pair mismatched collectives.
 """
@@ -50,7 +50,7 @@ class Dist:
 
     def fork(self, timeout_s: float | None = None) -> Dist:
         """The same ranks on a new gloo process group (``torch.distributed.new_group``), for collectives issued by another
-        thread than this Dist's (the producer's, ``pods.producer``). Gloo on every machine: the producer's collectives
+        thread than this Dist's (the producer's, ``pods.loop.producer``). Gloo on every machine: the producer's collectives
         are a few small tensors and pickled rows, which gloo moves on CPU, while a second NCCL communicator used from
         another thread can deadlock against the trainer's (each one's kernels wait on the GPU for their peers, in
         orders that may differ between ranks). Collective: every rank must call it at the same point. One process: an equal Dist,

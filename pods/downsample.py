@@ -31,7 +31,7 @@ class RuleSpec:
     """What a rule needs of ``kept_rows`` (registered with it: ``RULES.spec(name)``)."""
 
     cross_group: bool = False  # the rule returns flat row indices over all groups of the step (``d3s_cross``)
-    across_ranks: bool = False  # over every rank's groups: ``kept_rows`` gathers, ``pods.step.take_rows`` moves the kept rows
+    across_ranks: bool = False  # over every rank's groups: ``kept_rows`` gathers, ``pods.loop.rollouts.Rows.take`` moves the kept rows
     options: tuple[str, ...] = ()  # algorithm keys passed to the rule as keyword arguments (``d3s_two_stage``: m_intra)
 
 
@@ -279,7 +279,7 @@ RULES.register_lazy(  # intra-group, then cross-group over the union (whole step
 
 
 def across_ranks(rule: str) -> bool:
-    """Whether ``rule`` selects over every rank's groups at once (``kept_rows`` gathers; ``take_rows`` moves rows)."""
+    """Whether ``rule`` selects over every rank's groups at once (``kept_rows`` gathers; ``Rows.take`` moves rows)."""
     return RULES.spec(rule).across_ranks
 
 

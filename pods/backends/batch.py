@@ -12,7 +12,7 @@ import torch
 
 from pods.losses import chunked_token_stats
 from pods.models import unwrap
-from pods.step import split_to, token_micro_batches
+from pods.plan import split_to, token_micro_batches
 
 
 @dataclass
@@ -137,8 +137,8 @@ def build_batch(
 
 
 def budget_rows(batch: TrainBatch, size: int, budget: int, agree=lambda k: k) -> list[torch.Tensor]:
-    """The rows of each token-budget micro-batch of ``batch`` (``pods.step.token_micro_batches``: sorted by length, at
-    most ``size`` rows and ``budget`` padded tokens each), split further (``pods.step.split_to``) to the count
+    """The rows of each token-budget micro-batch of ``batch`` (``pods.plan.token_micro_batches``: sorted by length, at
+    most ``size`` rows and ``budget`` padded tokens each), split further (``pods.plan.split_to``) to the count
     ``agree(count)`` returns, the largest over ranks under ZeRO, so that every rank runs as many forwards."""
     p_len, c_len = (t.tolist() for t in batch.lengths())
     cuts = token_micro_batches(p_len, c_len, size, budget)

@@ -16,9 +16,9 @@ import torch
 from pods.backends.batch import TokenStats, TrainBatch, budget_rows
 from pods.backends.gap import GapCheck, add_gap, gap_sums
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
+from pods.plan import mini_batch_bounds
 from pods.progress import bar
 from pods.schema import Algorithm, Root, Sampling
-from pods.step import mini_batch_bounds
 
 
 def loss_temperature(alg: Algorithm | Root, sampling: Sampling | None = None) -> float:
@@ -112,9 +112,9 @@ class Updater:
         return TokenStats(lp, ent)
 
     def update(self, batch: TrainBatch, lr, micro_batch_size: int | None = None, progress: bool = False) -> dict:
-        """The step's optimizer steps: one per mini-batch (``algorithm.mini_batch_size`` rows, ``pods.step``) per
+        """The step's optimizer steps: one per mini-batch (``algorithm.mini_batch_size`` rows, ``pods.plan``) per
         ``ppo_epochs`` pass; returns the step's statistics. ``lr``: a number, or the LR as a function of the fraction
-        of the step's optimizer steps done (``pods.step.step_lr``). With several optimizer steps the old log-probs
+        of the step's optimizer steps done (``pods.plan.step_lr``). With several optimizer steps the old log-probs
         are fixed before the first (the correction's dense pre-pass, or one here), so the clipped ratio and the
         correction act across the later ones. ``sampler_gap`` (``pods.backends.gap``) is measured on the log-probs of
         the policy before this step's first optimizer step: that pre-pass, or the first optimizer step's forwards."""

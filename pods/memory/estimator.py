@@ -17,8 +17,8 @@ from pods.architectures import model_config
 from pods.engines import ENGINES
 from pods.engines.memory import GB, Fix, Line, kv_bytes_per_token, largest, seq_tokens
 from pods.memory.update import activation_lines, state_lines, step_temporaries
+from pods.plan import largest_micro_batch
 from pods.schema import Model, Root
-from pods.step import largest_micro_batch
 
 __all__ = ["GB", "Estimate", "Line", "check_fits", "estimate", "kv_bytes_per_token", "largest_fitting", "refusal"]
 
@@ -80,7 +80,7 @@ def architecture(model: Model) -> dict:
 
 
 def micro_batch(cfg: Root) -> int:
-    """The run's largest micro-batch (its memory peak): ``pods.step``'s plan at both ends of the run."""
+    """The run's largest micro-batch (its memory peak): ``pods.plan``'s plan at both ends of the run."""
     return largest_micro_batch(cfg.algorithm, cfg.train.prompts_per_step, cfg.hardware.micro_batch_size)
 
 

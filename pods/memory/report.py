@@ -20,8 +20,8 @@ from pods.compose import CONF, compose
 from pods.errors import ConfigError, need
 from pods.files import atomic, writable
 from pods.memory.estimator import Estimate, estimate, largest_fitting
+from pods.plan import largest_micro_batch
 from pods.schema import Root
-from pods.step import largest_micro_batch
 
 COLUMNS = {  # CSV column -> the estimate's line(s) it sums (GB per GPU)
     "weights_gb": ("weights", "reference model (KL)"),

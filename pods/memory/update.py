@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pods.architectures import head_dim, parameter_count
 from pods.engines.memory import DTYPE_BYTES, seq_tokens
-from pods.step import largest_micro_batch, token_budget_rows
+from pods.plan import largest_micro_batch, token_budget_rows
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # bitsandbytes NF4, double quantisation: codes + an 8-bit scale per 64 + fp32 per 256 blocks
 ADAM8_BYTES = 2 + 2 * 4 / 256  # bitsandbytes 8-bit AdamW: two uint8 states + fp32 scales per block of 256
@@ -116,7 +116,7 @@ def state_lines(cfg, arch: dict) -> list[tuple[str, float, str]]:
 
 
 def activation_lines(cfg, arch: dict) -> list[tuple[str, float, str, str]]:
-    """(name, bytes, how, kind) of the run's largest micro-batch (``pods.step``'s plan): the activations autograd keeps
+    """(name, bytes, how, kind) of the run's largest micro-batch (``pods.plan``'s plan): the activations autograd keeps
     ("sum") and the transients of the backward pass, of which only the largest is alive at once ("max")."""
     hw = cfg.hardware
     L, H, F, V = arch["num_hidden_layers"], arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]

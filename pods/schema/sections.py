@@ -42,10 +42,10 @@ class Train(Section):
     resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
     save_final: bool = False
     sampler_gap_warn: PosF | None = None  # warn above this mean |trainer - sampler| log-prob gap; null = by dtype (pods.backends.gap)
-    # dynamic sampling (DAPO; pods.refill, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
+    # dynamic sampling (DAPO; pods.loop.rollouts, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
     group_filter: Literal["none", "nonzero_std"] = "none"
     refill_batches: Annotated[int, Field(ge=0)] = 0  # extra prompt batches generated at most per step to refill dropped groups
-    # asynchronous rollouts (pods.producer, docs/async.md): 0 = the synchronous loop; k >= 1 = a producer thread
+    # asynchronous rollouts (pods.loop.producer, docs/async.md): 0 = the synchronous loop; k >= 1 = a producer thread
     # generates ahead, and no row trained by update u has a token older than policy version u - 1 - k
     max_staleness: Annotated[int, Field(ge=0)] = 0
     log_strata: bool = False  # per prompt length: groups, zero-variance groups, kept and correct rollouts (pods.d3s.strata)

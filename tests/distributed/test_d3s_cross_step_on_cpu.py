@@ -2,7 +2,7 @@
 BOTH ranks' rollouts, the kept rows move between ranks so that each trains an equal share, and each row arrives
 with its own data (prompt, completion, advantage, reward).
 
-The worker (this file under torchrun) runs ``pods.step.select_rows`` and ``take_rows`` as the loop does, on
+The worker (this file under torchrun) runs ``pods.loop.rollouts.select_rows`` and ``Rows.take`` as the loop does, on
 each rank's own rewards; rank 1's groups are mostly zero-variance, so most of what it trains comes from rank 0.
 The test recomputes the selection in one process on the concatenated rewards and checks it by brute force.
 """
@@ -31,8 +31,8 @@ RULES = ("d3s_cross_step", "d3s_two_stage")
 def worker(out: Path) -> None:
     """On each rank: select over both ranks, move the kept rows, save what this rank trains."""
     from pods import distributed
+    from pods.loop.rollouts import Rows, select_rows
     from pods.schema import Algorithm, Hardware, complete
-    from pods.step import select_rows, take_rows
 
     dist = distributed.init(Hardware(name="gloo2", dist_backend="gloo", dist_timeout_s=120.0))
     rewards = torch.tensor(REWARDS[dist.rank], dtype=torch.float64)
@@ -41,16 +41,18 @@ def worker(out: Path) -> None:
         alg = complete(Algorithm, name="d3s", n=N, m=M, rule=rule, advantage_scope="group", m_intra=3)  # read by a rule that asks
         kept, adv = select_rows(alg, rewards, M, dist=dist)
         every = range(G * N)
-        rows = take_rows(
-            rule,
-            kept,
-            dist,
-            completion=[[dist.rank, r] for r in every],  # the row's origin: (rank, row)
+        mine = Rows(
             prompt=[[100 * dist.rank + r // N] for r in every],
+            completion=[[dist.rank, r] for r in every],  # the row's origin: (rank, row)
+            logprobs=[[] for _ in every],
             adv=adv.tolist(),
             reward=rewards.flatten().tolist(),
+            group=[dist.rank * G + r // N for r in every],
+            truncated=[False for _ in every],
+            version=[0 for _ in every],
         )
-        got[rule] = {"kept": kept, **rows}
+        rows = mine.take(kept, rule, dist)
+        got[rule] = {"kept": kept, "completion": rows.completion, "prompt": rows.prompt, "adv": rows.adv, "reward": rows.reward}
     torch.save(got, out / f"rank{dist.rank}.pt")
     dist.barrier()
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pods.plan import split_to, token_micro_batches
 from pods.schema import check
-from pods.step import split_to, token_micro_batches
 from support.config import compose
 from support.harness import assert_two_ranks_equal_one, fixed_batch, max_gap, two_ranks_and_one, within, worker_main
 

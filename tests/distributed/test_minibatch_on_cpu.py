@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
+from pods.plan import mini_batch_bounds, plan, step_lr
 from pods.schema import check
-from pods.step import mini_batch_bounds, plan, step_lr
 from support.config import compose
 from support.harness import assert_two_ranks_equal_one, fixed_batch, two_ranks_and_one, weights_of, worker_main
 

@@ -25,7 +25,7 @@ def test_stop_flag_defers_the_previous_handler_until_after_the_checkpoint():
 
 
 def test_signal_mid_run_checkpoints_and_resume_continues(tiny_dir, tmp_path, monkeypatch):
-    import pods.loop as loop
+    import pods.loop.run as loop  # where Run.step finds rollout_step
 
     real = loop.rollout_step
     count = {"n": 0}

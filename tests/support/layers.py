@@ -24,7 +24,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.sparse_rl",
             "pods.behaviour_is",  # truncated importance weights against the sampler (stale rollouts)
             "pods.schedules",
-            "pods.step",
+            "pods.plan",  # the plan of a step (kept per group, micro-batches): the loop, the backends and the memory estimate read it
             "pods.data",
             "pods.tasks.*",
             "pods.models",
@@ -50,7 +50,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
         ],
     ),
     5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env", "pods.resume"]),
-    6: ("composition + run", ["pods.compose", "pods.loop", "pods.producer", "pods.refill", "pods.launch", "pods.eval.*"]),
+    6: ("composition + run", ["pods.compose", "pods.loop.*", "pods.launch", "pods.eval.*"]),
     7: (
         "entry points",
         [

@@ -53,7 +53,7 @@ def start(run_dir: Path, cfg: dict, first: int, last: int, resume: int | None = 
 
 def train_until(run_dir: str, cfg: dict, at_call: int | None, signum: int) -> None:
     """``pods.loop.train``, sending this process ``signum`` as the ``at_call``-th rollout step of this start begins."""
-    import pods.loop as loop
+    import pods.loop.run as loop  # where Run.step finds rollout_step
 
     real, calls = loop.rollout_step, [0]
 

@@ -72,7 +72,7 @@ BAD = [
 
 @pytest.mark.parametrize("overrides,key", BAD, ids=[k for _, k in BAD])
 def test_bad_config_fails_before_any_model_load(overrides, key, tmp_path, monkeypatch):
-    import pods.loop as loop
+    import pods.loop.run as loop  # where Run finds what it loads
 
     def boom(*a, **k):
         raise AssertionError("a model or dataset was loaded before validation")

@@ -15,8 +15,8 @@ from pods.backends.base import TokenStats, build_batch
 from pods.d3s import cross_group, cross_step, intra_group, ramped, token_fraction, top_k_tokens, two_stage
 from pods.downsample import kept_rows, max_variance
 from pods.losses import AGGREGATIONS
+from pods.plan import kept_per_group
 from pods.schema import Algorithm, check, complete
-from pods.step import kept_per_group
 from pods.tokens import StepContext
 from support.config import ALGORITHM, compose, shrink
 from support.harness import max_gap, within
@@ -137,7 +137,7 @@ def test_kept_rows_passes_the_rules_options_from_the_algorithm_section():
 def test_select_rows_scopes():
     """``kept`` scope: advantages normalised over each group's kept rollouts (0 elsewhere); ``group`` scope: the
     full group's, for every rollout."""
-    from pods.step import select_rows, take_rows
+    from pods.loop.rollouts import Rows, select_rows
 
     rewards = reward_rows(4, 3, 5)
     kept, adv = select_rows(complete(Algorithm, name="pods", rule="max_reward", n=5, m=2, advantage_scope="kept"), rewards, 2)
@@ -145,8 +145,17 @@ def test_select_rows_scopes():
     assert torch.equal(adv[kept], expected) and adv.sum() == adv[kept].sum() and adv.shape == (15,)
     kept, adv = select_rows(complete(Algorithm, name="d3s", rule="d3s_cross", n=5, m=2, advantage_scope="group"), rewards, 2)
     assert torch.equal(adv, grpo(rewards).flatten().float()) and torch.equal(kept, cross_group(grpo(rewards), 2))
-    rows = take_rows("d3s_cross", kept, distributed.SINGLE, adv=adv.tolist(), tag=[f"row{i}" for i in range(15)])
-    assert rows["tag"] == [f"row{i}" for i in kept.tolist()] and rows["adv"] == adv[kept].tolist()
+    every = Rows(
+        *([[f"row{i}" for i in range(15)]] * 3),
+        adv.tolist(),
+        rewards.flatten().tolist(),
+        [i // 5 for i in range(15)],
+        [False] * 15,
+        [0] * 15,
+    )
+    rows = every.take(kept, "d3s_cross", distributed.SINGLE)
+    assert rows.prompt == [f"row{i}" for i in kept.tolist()] and rows.adv == adv[kept].tolist() and len(rows) == len(kept)
+    assert rows.group == [i // 5 for i in kept.tolist()] and rows.reward == rewards.flatten()[kept].tolist()
 
 
 def test_kept_rows_of_a_per_group_rule_are_flat_row_indices():
@@ -294,13 +303,14 @@ def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, rule, ti
     """Records what the loop scores and builds: the batch's advantages are the FULL-group ones of the rows the
     rule picked from them (no re-normalisation), N follows the schedule, and the token metrics are logged."""
     import pods.loop as loop
-    import pods.refill as refill  # where the loop's steps (2)-(3) generate and score
+    import pods.loop.learn as learn  # where the loop's step (5b) builds the batch
+    import pods.loop.rollouts as refill  # where the loop's steps (2)-(3) generate and score
     from pods.metrics import read_metrics
 
     seen = {"rewards": [], "adv": []}
-    score, build = refill.score_batch, loop.build_batch
+    score, build = refill.score_batch, learn.build_batch
     monkeypatch.setattr(refill, "score_batch", lambda *a, **k: seen["rewards"].append(r := score(*a, **k)) or r)
-    monkeypatch.setattr(loop, "build_batch", lambda *a, **k: seen["adv"].append(torch.as_tensor(a[3])) or build(*a, **k))
+    monkeypatch.setattr(learn, "build_batch", lambda *a, **k: seen["adv"].append(torch.as_tensor(a[3])) or build(*a, **k))
     cfg = shrink(compose([f"algorithm={alg}", f"algorithm.rule={rule}", "algorithm.n=8", "algorithm.m=2", "algorithm.m_final=6"]), steps=2)
     loop.train(cfg, tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pods.errors import ConfigError
+from pods.loop.rollouts import Groups, varied
 from pods.losses import AGGREGATIONS
-from pods.refill import Groups, varied
 from pods.schema import check
 from pods.tasks.base import Score, overlong_penalty
 from support.config import compose
@@ -45,6 +45,7 @@ def scored(rewards: list[list[float]]) -> Groups:
         [[0.0]] * rows,
         ["stop"] * rows,
         scores,
+        [0] * rows,
         rows,
     )
 

@@ -1,6 +1,6 @@
 """The plan of one training step: how many rollouts each prompt group keeps, how many rows a rank trains, and
-in which micro-batches. The loop (``pods.loop``) and the memory estimator (``pods.memory``) both read it here, so
-the rule is written once.
+in which micro-batches. The loop (``pods.loop``), the backends' micro-batching and the memory estimator
+(``pods.memory``) all read it here, so the rule is written once.
 
 - GRPO / PODS: ``algorithm.m`` of ``algorithm.n`` kept per group; micro-batches of ``hardware.micro_batch_size``.
 - GRPO-GA (``algorithm.grad_accum``): all n kept, trained in micro-batches of ``prompts x algorithm.m`` (the
@@ -8,8 +8,7 @@ the rule is written once.
 - Token-budget micro-batches (``hardware.micro_batch_tokens``): the rows sorted by length and cut by padded tokens
   (``token_micro_batches``), as many on every rank (``split_to``); ``token_budget_rows`` is the memory estimate's view.
 - D3S (``algorithm.m_final``): the kept count moves from m to m_final along ``algorithm.ramp`` over the run.
-- Which rows: ``select_rows`` (the rule's kept rollouts and their advantages) and ``take_rows`` (the rows this rank
-  trains: a whole-step rule such as ``d3s_cross_step`` moves kept rows between ranks so every rank trains as many).
+- Which rows: the loop's steps (4)-(5) (``pods.loop.rollouts``: ``select_rows`` and ``Rows.take``) read ``keep``.
 - Mini-batches (``algorithm.mini_batch_size``): the kept rows are cut into consecutive mini-batches, one optimizer
   step each (per ``algorithm.ppo_epochs`` pass); null = one mini-batch of all rows. The learning rate of each
   optimizer step follows the schedule between this rollout step's progress and the next's (``step_lr``).
@@ -20,11 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
-from pods import downsample
-from pods.advantages import ADVANTAGES
 from pods.schedules import SCHEDULES, ramped
 
 
@@ -114,42 +108,3 @@ def token_budget_rows(rows: int, tokens: int, budget: int | None) -> int | float
 def largest_micro_batch(alg, prompts: int, micro_batch_size: int) -> int:
     """The largest micro-batch of the run (its memory peak): the plan at both ends of a ramp."""
     return max(plan(alg, prompts, micro_batch_size, p).micro_batch for p in (0.0, 1.0))
-
-
-def select_rows(alg, rewards: Tensor, keep: int, *, generator: torch.Generator | None = None, dist=None) -> tuple[Tensor, Tensor]:
-    """Down-sampling and advantages of one step (``alg``: the algorithm section; ``rewards: [G, n]``, this rank's).
-
-    Returns ``(kept, advantages)``: ``kept`` as ``kept_rows`` gives it (``LongTensor[K]``) and ``advantages: [G * n]``
-    float32, one per rollout of this rank, meaningful on the kept ones. PODS/GRPO (``advantage_scope: kept``): the
-    advantages of each group's kept rollouts, normalised over those (0 elsewhere); D3S (``group``): the full group's
-    advantages, which the rule reads, not re-normalised after selection.
-    """
-    advantage = ADVANTAGES.get(alg.advantage)
-    G, n = rewards.shape
-    if alg.advantage_scope == "group":
-        group_adv = advantage(rewards)
-        return downsample.kept_rows(alg.rule, group_adv, keep, generator=generator, dist=dist, alg=alg), group_adv.flatten().float()
-    kept = downsample.kept_rows(alg.rule, rewards, keep, generator=generator, dist=dist, alg=alg)
-    adv = torch.zeros(G * n, dtype=torch.float32)
-    adv[kept] = advantage(rewards.flatten()[kept].view(G, keep)).float().flatten()
-    return kept, adv
-
-
-def take_rows(rule: str, kept: Tensor, dist, **fields: list) -> dict[str, list]:
-    """The entries of the rows this rank trains, for every per-rollout list in ``fields`` (each one entry per rollout
-    of this rank, in row order: prompt ids, completion ids, advantages...).
-
-    A per-rank rule: the entries at ``kept``. An ``across_ranks`` rule: ``kept`` indexes every rank's rows (the
-    same on every rank); rank r trains the r-th of W equal slices of it, so every rank publishes its rows that are
-    kept (gathered on rank 0, then broadcast) and takes its slice, in ascending global order. Every rank trains
-    ``len(kept) / W`` rows, as many as a per-rank rule gives it.
-    """
-    if not downsample.across_ranks(rule) or dist is None or dist.world == 1:
-        idx = kept.tolist()
-        return {k: [v[i] for i in idx] for k, v in fields.items()}
-    rows = len(next(iter(fields.values())))  # this rank's rollouts (the same number on every rank)
-    per, lo = kept.numel() // dist.world, dist.rank * rows
-    own = {i: {k: v[i - lo] for k, v in fields.items()} for i in kept.tolist() if lo <= i < lo + rows}
-    published = {i: row for part in dist.broadcast(dist.gather_object(own)) for i, row in part.items()}
-    mine = kept[dist.rank * per : (dist.rank + 1) * per].tolist()
-    return {k: [published[i][k] for i in mine] for k in fields}
