@@ -91,7 +91,7 @@ def defaults(model: type[Section]) -> dict:
 def complete(model: type[Section], node: dict | None = None, **values) -> Section:
     """One section for a caller that builds its own (a test, a script): the schema's defaults, then ``node``, then
     ``values``, validated as ``model.of`` validates (``ConfigError`` in one line naming the key)."""
-    return model.of({**(node or {}), **values})
+    return model.of({**dict(node or {}), **values})  # a mapping or a section (its fields)
 
 
 def nodes() -> dict[str, dict]:
