@@ -13,7 +13,9 @@ from typing import Any
 from pods.compose import CONF, compose_job, hydra_context, to_plain
 from pods.errors import ConfigError
 from pods.registry import Registry
-from pods.schema import Hub, Pos, Sampling, Section, defaults, validated  # the run config's sections: strict, unknown keys refused
+
+# the run config's sections (strict, unknown keys refused) and its one registration of config nodes
+from pods.schema import Hub, Pos, Sampling, Section, defaults, register, validated
 from pods.tasks.base import Example
 
 GOLDS = Registry("gold format")
@@ -182,12 +184,9 @@ def suites() -> list[str]:
     return sorted(p.stem for p in SUITES.glob("*.yaml"))
 
 
-def register() -> None:
+def nodes() -> dict[str, dict]:
     """The schema defaults as ``benchmark/_base`` and ``suite/_base`` (every key present, so overrides need no ``+``)."""
-    from hydra.core.config_store import ConfigStore
-
-    for group, model in (("benchmark", Benchmark), ("suite", Suite)):
-        ConfigStore.instance().store(group=group, name="_base", node=defaults(model))
+    return {f"{group}/_base": defaults(model) for group, model in (("benchmark", Benchmark), ("suite", Suite))}
 
 
 def compose_suite(name: str, overrides: list[str] | None = None) -> Suite:
@@ -206,7 +205,7 @@ def compose_suite(name: str, overrides: list[str] | None = None) -> Suite:
         raise ConfigError(f"suite override '{bad[0]}': overrides are suite keys, e.g. suite.samples=4 or suite.only=[gsm8k]")
     for key in {o.lstrip("+~").split("=", 1)[0].split(".")[1] for o in overrides} - set(Suite.model_fields):
         validated(Suite, {"name": name, "benchmarks": {}, key: None}, "suite")  # the schema's message: closest valid key
-    register()
+    register(nodes())
     if GlobalHydra.instance().is_initialized():
         cfg = compose_job(overrides, config_name=f"suite/{name}")
     else:

@@ -122,12 +122,13 @@ def nodes() -> dict[str, dict]:
     return out
 
 
-def register() -> None:
-    """Put ``nodes()`` into Hydra's ConfigStore (idempotent); call before composing ``conf/``."""
+def register(more: dict[str, dict] | None = None) -> None:
+    """Put ``nodes()`` and ``more`` (other ``group/name`` nodes: the suites', ``pods.eval.benchmarks.nodes``) into
+    Hydra's ConfigStore (idempotent), the one place that registers config nodes; call before composing ``conf/``."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for where, node in nodes().items():
+    for where, node in {**nodes(), **(more or {})}.items():
         group, _, name = where.rpartition("/")
         cs.store(group=group or None, name=name, node=node)
 
