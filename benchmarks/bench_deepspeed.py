@@ -80,9 +80,10 @@ def rank_main(cfg_json: str, run_dir: str) -> None:
     import torch
 
     from pods.backends.base import Backend
+    from pods.config import validate
     from pods.loop import train
 
-    cfg = json.loads(cfg_json)
+    cfg = validate(json.loads(cfg_json))
     mem = {"peak_rss_mb": 0.0, "update_rss_mb": 0.0, "saved_act_mb": 0.0, "param_mb": 0.0}
     window = {"max": 0.0, "on": True}  # RSS high-water mark since the current update began
 

@@ -62,16 +62,16 @@ def row(metric: str, engine: str, setting: str, values: list[float], unit: str) 
     )
 
 
-def bench_start(tiny, tok, cfg: dict):
+def bench_start(tiny, tok, cfg):
     """In-process starts: the first (with ``import vllm``), then three more after ``close()``; returns the last engine."""
     from pods.engines import ENGINES
 
-    first, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
+    first, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg.rollout))
     row("start", "vllm", "in-process, first (incl. import vllm)", [first], "s")
     starts = []
     for _ in range(3):
         eng.close()
-        t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg["rollout"]))
+        t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, cfg.rollout))
         starts.append(t)
     row("start", "vllm", "in-process, later", starts, "s")
     return eng
@@ -124,7 +124,7 @@ def bench_multiprocess(tiny, tok, backend) -> None:
     from pods.engines import ENGINES
 
     mp = typed([*ENGINE, "rollout.multiprocessing=true"])
-    t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp["rollout"]))
+    t, eng = timed(lambda: ENGINES.get("vllm")(tiny, tok, mp.rollout))
     row("start", "vllm", "multi-process", [t], "s")
     row("sync", "vllm", "full, multi-process (safetensors over RPC)", sync_times(eng, backend), "ms")
     eng.close()

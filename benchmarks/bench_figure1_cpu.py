@@ -63,13 +63,13 @@ def build(cfg: dict):
     from pods.models import load_tokenizer, resolve_model_dir
     from pods.tasks import DATASETS, encode_prompts
 
-    torch.set_num_threads(int(cfg["hardware"]["torch_threads"]))
-    ds = cfg["dataset"]
-    model_dir = resolve_model_dir(cfg["model"])
+    torch.set_num_threads(int(cfg.hardware.torch_threads))
+    ds = cfg.dataset
+    model_dir = resolve_model_dir(cfg.model)
     tok = load_tokenizer(model_dir)
-    ids, examples, _ = encode_prompts(DATASETS.get(ds["name"])(ds).train, tok, ds["max_prompt_length"])
-    backend = BACKENDS.get(cfg["hardware"]["backend"])(model_dir, cfg)
-    engine = ENGINES.get(cfg["rollout"]["name"])(model_dir, tok, cfg["rollout"], policy=backend.policy)
+    ids, examples, _ = encode_prompts(DATASETS.get(ds.name)(ds).train, tok, ds.max_prompt_length)
+    backend = BACKENDS.get(cfg.hardware.backend)(model_dir, cfg)
+    engine = ENGINES.get(cfg.rollout.name)(model_dir, tok, cfg.rollout, policy=backend.policy)
     return backend, engine, ids, [ex.gold for ex in examples], tok.pad_token_id
 
 
@@ -83,7 +83,7 @@ def one_step(cfg: dict, built, prompts: list[int], seed: int) -> dict:
     from pods.loop.rollouts import Generation, Source
 
     backend, engine, ids, golds, pad = built
-    backend.alg = cfg["algorithm"]  # the arms differ in n, m and rule only (asserted in main), not in the loss
+    backend.alg = cfg.algorithm  # the arms differ in n, m and rule only (asserted in main), not in the loss
     torch.manual_seed(seed)  # both arms: the same rollouts
     t0 = time.perf_counter()
     select = torch.Generator().manual_seed(0)  # the random rule's stream (max_variance and all do not draw from it)
@@ -111,7 +111,7 @@ def measure_steps(rollouts: list[int], repeats: int, log=print) -> list[dict]:
             for arm in list(ARMS) if (rep + i) % 2 == 0 else list(ARMS)[::-1]:
                 cfg = cfgs[(arm, n)]
                 r = one_step(cfg, built, prompts, seed)
-                m = cfg["algorithm"]["m"]
+                m = cfg.algorithm.m
                 rows.append({"arm": arm, "n": n, "m": m, "repeat": rep, "prompts": G, "rollouts": G * n, "trained": G * m,
                              "micro_batch": micro, "micro_batches": -(-G * m // micro), **r})  # fmt: skip
                 log(f"[figure1_cpu] repeat {rep + 1}/{repeats} n={n:<4} {arm}: generate {r['t_generate']:.3f} s, "

@@ -157,9 +157,9 @@ def toy_setting(tok, count: int) -> tuple[list[list[int]], int, int]:
     from pods.tasks import DATASETS, encode_prompts
 
     cfg = typed(["experiment=toy_grpo_16_16_cpu"])
-    ds = cfg["dataset"]
-    ids, _, _ = encode_prompts(DATASETS.get(ds["name"])(ds).train[:count], tok, ds["max_prompt_length"])
-    return ids, max(map(len, ids)), cfg["sampling"]["max_tokens"]
+    ds = cfg.dataset
+    ids, _, _ = encode_prompts(DATASETS.get(ds.name)(ds).train[:count], tok, ds.max_prompt_length)
+    return ids, max(map(len, ids)), cfg.sampling.max_tokens
 
 
 def phase_build(a, out: dict) -> None:
@@ -196,8 +196,8 @@ def gen_engine(a, model_dir: str, tok, batches: list[int], length: int):
         over += ["rollout.gpu_memory_utilization=0.85"] if a.device == "cuda" else ["rollout.kv_cache_gib=0.5"]
         return ENGINES.get("vllm")(model_dir, tok, typed(over).rollout)
     cfg = typed([*over, "rollout=hf", f"rollout.max_batch={max(batches)}"])
-    policy = load_policy(model_dir, cfg["hardware"]).to(a.device)
-    engine = ENGINES.get("hf")(model_dir, tok, cfg["rollout"], policy=policy)
+    policy = load_policy(model_dir, cfg.hardware).to(a.device)
+    engine = ENGINES.get("hf")(model_dir, tok, cfg.rollout, policy=policy)
     engine.stop_ids = set()  # EOS ignored: no stop id, every rollout runs to max_tokens
     return engine
 
@@ -431,6 +431,7 @@ def phase_loop(a, out: dict) -> None:
 
     from pods.advantages import ADVANTAGES
     from pods.backends import BACKENDS
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
 
@@ -440,7 +441,7 @@ def phase_loop(a, out: dict) -> None:
     ADVANTAGES.register("bench_random_sign", random_sign)
     cfg = loop_config(a, a.setting["loop_steps"])
     with tempfile.TemporaryDirectory(prefix="pods-bench-loop-") as run_dir:
-        last = train(cfg, run_dir)
+        last = train(validate(cfg), run_dir)
         steps = read_metrics(Path(run_dir) / "metrics.jsonl", "train")
     ft = "lora (4-bit base)" if a.finetune == "lora4bit" else cfg["hardware"]["finetune"]
     keys = ("step", "train_time", "t_generate", "t_update", "t_sync", "reward_mean_all", "loss", "grad_norm", "tokens", "kept",

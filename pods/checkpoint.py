@@ -72,7 +72,7 @@ def set_rng_state(state: dict) -> None:
 
 def save(path: Path, loop: dict, backend, sampler, extra_rng: dict, dist=None, keep: int | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if hasattr(backend, "save_sharded"):
+    if backend.sharded:
         backend.save_sharded(path.with_suffix(".shards"))
         state = {"shards": path.with_suffix(".shards").name}
     else:

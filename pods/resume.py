@@ -150,7 +150,41 @@ def reached(row: dict, cfg: Root) -> bool:
     return bool((t.max_steps and row["step"] >= t.max_steps) or (t.time_budget_s and row["train_time"] >= t.time_budget_s))
 
 
+_KEPT: dict[tuple[str, str], dict | None] = {}  # verdicts decided ahead of a run (its command's preflight), each taken once
+
+
+def _key(cfg: Root, run_dir: str | Path) -> tuple[str, str]:
+    return json.dumps(cfg.model_dump(), sort_keys=True, default=str), str(Path(run_dir).resolve())
+
+
+def ahead(cfg: Root, run_dir: str | Path) -> dict | None:
+    """``decide`` for a run about to start, before anything is written into ``run_dir`` (``pods.train``'s preflight):
+    the verdict is kept for the run, so that its own ``check`` (``pods.loop.train``) takes it instead of deciding again."""
+    _KEPT[_key(cfg, run_dir)] = end = decide(cfg, run_dir)
+    return end
+
+
+def kept(cfg: Root, run_dir: str | Path) -> dict | None:
+    """The verdict decided ahead for this run (``ahead``), else decided now and kept: the run's own ``check`` takes it."""
+    key = _key(cfg, run_dir)
+    return _KEPT[key] if key in _KEPT else ahead(cfg, run_dir)
+
+
+def forget() -> None:
+    """Drop every verdict kept: a new command decides its runs afresh (``pods.train.main``)."""
+    _KEPT.clear()
+
+
 def check(cfg: Root, run_dir: str | Path, world_now: int | None = None) -> dict | None:
+    """The verdict on a run about to start (``decide``): taken, once, when its command decided it ahead (``ahead``), so
+    one run decides its resume once; otherwise decided now."""
+    key = _key(cfg, run_dir)
+    if world_now is None and key in _KEPT:
+        return _KEPT.pop(key)
+    return decide(cfg, run_dir, world_now)
+
+
+def decide(cfg: Root, run_dir: str | Path, world_now: int | None = None) -> dict | None:
     """Before anything loads: ``ConfigError`` (one line) when ``cfg`` may not resume the run at ``run_dir``; the run's
     end-of-run evaluation row when it is finished (``auto``: nothing to do); None when the loop should run."""
     resume, run_dir = cfg.train.resume, Path(run_dir)
@@ -190,3 +224,11 @@ def finished_line(run_dir: str | Path, end: dict) -> str:
         f"pods: {run_dir} is finished (step {end['step']}{score}): nothing to do; "
         "to extend it, resume with a larger train.max_steps or train.time_budget_s"
     )
+
+
+def kept_work(run_dir: str | Path) -> str:
+    """What a run stopped by a failure keeps: its last checkpoint and how to continue from it."""
+    last = latest(Path(run_dir) / "checkpoints")
+    if last is None:
+        return f"no checkpoint was written yet: {run_dir} holds the rows logged so far"
+    return f"{run_dir} keeps {last.name}: the same command with hydra.run.dir={run_dir} train.resume=auto continues from it"

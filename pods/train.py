@@ -1,11 +1,13 @@
-"""Command line: ``python -m pods.train [experiment=NAME] [overrides]`` (Hydra; ``-m`` for sweeps).
+"""Command line: ``python -m pods.train [experiment=NAME] [overrides]`` (Hydra; ``-m`` for sweeps): compose, check,
+run, and the exit codes (``stop``, ``fail``).
 
 Before Hydra starts a run (and makes its directory), ``preflight`` composes every run the command asks for (a
 sweep: each combination) with Hydra's compose API and checks it: the schema (``pods.schema``), the cross-field
 rules (``pods.config``) and, for a run on this machine, the machine (``pods.preflight``). A bad input exits with
-code 2 and one line naming the key. A resume (``train.resume``) is checked there against each job's run directory
-(``pods.resume``), before Hydra writes into it; a finished single run only says so. The run itself gets the
-validated ``Root`` in ``pods.loop.train`` (checked once: ``check`` remembers what it validated).
+code 2 and one line naming the key. A resume (``train.resume``) is decided there against each job's run directory
+(``pods.resume.ahead``), before Hydra writes into it; a finished single run only says so. The run itself gets the
+validated ``Root`` (``check`` remembers what it validated) and the resume decided for it: one validation and one
+resume decision per run. The end-of-run suite (``eval.suite``) is ``pods.eval.end``'s.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from pods import resume
 from pods.compose import CONF, compose_job, expand, hydra_context, job_dict, parse, to_plain
 from pods.errors import ConfigError, ServerError
+from pods.eval import end
 from pods.numerics import pin
 from pods.schema import Root, register
 
@@ -38,14 +41,6 @@ def stop(message: str, code: int) -> NoReturn:
 def fail(e: Exception) -> NoReturn:
     """Bad input (a config, a missing file): exit 2 before anything loads, or at the end of a run."""
     stop(f"config error: {e}", 2)
-
-
-def kept_work(run_dir: str) -> str:
-    """What a run stopped by a failure keeps: its last checkpoint and how to continue from it."""
-    last = resume.latest(Path(run_dir) / "checkpoints")
-    if last is None:
-        return f"no checkpoint was written yet: {run_dir} holds the rows logged so far"
-    return f"{run_dir} keeps {last.name}: the same command with hydra.run.dir={run_dir} train.resume=auto continues from it"
 
 
 CHECKED: dict[str, tuple[Root, bool]] = {}  # plain config -> (its Root, machine checked): a run validates once
@@ -95,10 +90,10 @@ def preflight(argv: list[str]) -> str | None:
             job = compose_job(overrides)
             output_dir(job, "hydra.run.dir")
             root = check(job_dict(job))
-            bench = suite_of(root)
+            bench = end.suite_of(root)
             run_dir = OmegaConf.select(job, "hydra.run.dir")
-            end = resume.check(root, run_dir)
-            return None if end is None or suite_missing(bench, run_dir) else resume.finished_line(run_dir, end)
+            done = resume.ahead(root, run_dir)  # the run's one decision, kept for it (pods.resume)
+            return None if done is None or end.missing(bench, run_dir) else resume.finished_line(run_dir, done)
         first = compose_job([o for o in overrides if o not in sweeps])
         output_dir(first, "hydra.sweep.dir")
         params = [f"{k}={v}" for k, v in (OmegaConf.select(first, "hydra.sweeper.params") or {}).items()]
@@ -106,88 +101,23 @@ def preflight(argv: list[str]) -> str | None:
         for num, args in enumerate(jobs):  # a sweep may run elsewhere (SLURM): each job checks its machine
             job = compose_job(args)
             root = check(job_dict(job), machine=False)
-            suite_of(root, machine=False)
+            end.suite_of(root, machine=False)
             with read_write(job.hydra.job):
                 job.hydra.job.num = num  # the job's directory, as Hydra's basic sweeper will name it
-            resume.check(root, Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir))  # a finished job says so when it runs
+            resume.ahead(
+                root, Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir)
+            )  # kept for the job: a finished one says so when it runs
     return None
 
 
-def rank0() -> bool:
-    import os
-
-    return os.environ.get("RANK", "0") == "0"
-
-
-def suite_options(cfg: Root):
-    """How ``eval.suite`` generates: ``eval.suite_engine`` (a dense engine, whatever engine trained) on the run's device."""
-    from pods.eval.run import Options
-
-    return Options(engine=cfg.eval.suite_engine, device=cfg.hardware.device, dtype=cfg.hardware.dtype)
-
-
-def suite_of(cfg: Root, machine: bool = True):
-    """``eval.suite`` composed and checked with the Hydra initialised here (the app, or preflight's context), and
-    (``machine``) its engine's package present: a bad name or override is one line before anything trains."""
-    if cfg.eval.suite is None:
-        return None
-    from pods.eval.benchmarks import compose_suite
-    from pods.eval.run import check_options
-
-    if machine:
-        check_options(suite_options(cfg))
-    return compose_suite(cfg.eval.suite, cfg.eval.suite_overrides)
-
-
-def suite_missing(bench, run_dir: str) -> bool:
-    """A finished run whose end-of-run suite never finished (a job cut by its time limit during the suite): its
-    ``final/`` is there but not ``eval/<suite>/summary.json``. The same command again runs the suite only."""
-    run = Path(run_dir)
-    return bench is not None and (run / "final").is_dir() and not (run / "eval" / bench.name / "summary.json").exists()
-
-
-def prepare_suite(cfg: Root) -> tuple | None:
-    """(suite, {benchmark: examples}) for the end of the run, composed and loaded before it trains (a missing file:
-    one line now, not after the run), on every rank (each evaluates a share); None without ``eval.suite``."""
-    bench = suite_of(cfg)
-    if bench is None:
-        return None
-    from pods.eval.run import load_suite, suite_prompt
-
-    return bench, load_suite(bench, suite_prompt(bench, cfg.model_dump()))
-
-
-def suite(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
-    """The end of the run on every rank: the process group destroyed (``pods.distributed.close``), then ``eval.suite``:
-    the final weights on the prepared suite (``pods.eval.run.evaluate_suite``, as ``pods-eval``), written to
-    ``<run_dir>/eval/<suite>/``: after several ranks or with vLLM each rank's share in a clean process, merged by
-    rank 0 (``pods.eval.shards``); one process with the HF engine evaluates here, as before."""
-    from pods.distributed import close
-    from pods.eval import shards
-
-    out = Path(run_dir) / "eval" / prepared[0].name if prepared else None
-    if out is not None and rank0():
-        shards.clear(out)  # before the barrier: no rank can read a share left by an earlier attempt
-    where = close()
-    if prepared is None or not (Path(run_dir) / "final").is_dir():
-        return
-    bench, data = prepared
-    options = suite_options(cfg)
+def finish(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
+    """The end-of-run suite (``pods.eval.end.evaluate``); its failure ends the process: a bad input 2, else 1."""
     try:
-        if shards.clean_process(where[2], options):
-            summary = shards.evaluate_shared(bench, run_dir, options, data, out, where)
-        else:
-            from pods.eval.run import evaluate_suite
-            from pods.eval.weights import resolve
-
-            summary = evaluate_suite(bench, resolve(run_dir), options, out, data)
+        end.evaluate(cfg, prepared, run_dir)
     except ConfigError as e:
-        fail(ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}"))
+        fail(e)
     except RuntimeError as e:
-        stop(f"eval.suite: the suite evaluation of {run_dir} failed: {e}", 1)
-    if summary is not None:  # rank 0
-        print((out / "table.md").read_text())
-        print(f"-> {out}", flush=True)
+        stop(str(e), 1)
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
@@ -200,22 +130,21 @@ def run(cfg: DictConfig) -> float | None:
     log = setup()
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        plain = check(to_plain(cfg))
-        end = resume.check(plain, run_dir)  # before anything loads: a resume with other settings is refused
-        if end is not None:  # a finished run (a re-run sweep's job): it says so, and nothing of it changes
-            prepared = prepare_suite(plain)
-            if prepared is not None and suite_missing(prepared[0], run_dir):  # but a suite cut short runs again
-                suite(plain, prepared, run_dir)
-            elif rank0():
-                print(resume.finished_line(run_dir, end), flush=True)
-            return end.get("accuracy")
-        prepared = prepare_suite(plain)  # before the run: Hydra is initialised here, so it composes with this one
-        last = train(plain, run_dir)
+        root = check(to_plain(cfg))  # preflight's validation, remembered: not validated again
+        done = resume.kept(root, run_dir)  # decided by preflight before Hydra wrote here (else now); the loop takes it
+        prepared = end.prepare(root)  # before the run: Hydra is initialised here, so it composes with this one
+        if done is not None:  # a finished run (a re-run sweep's job): it says so, and nothing of it changes
+            if prepared is not None and end.missing(prepared[0], run_dir):  # but a suite cut short runs again
+                finish(root, prepared, run_dir)
+            elif end.rank0():
+                print(resume.finished_line(run_dir, done), flush=True)
+            return done.get("accuracy")
+        last = train(root, run_dir)
     except (ConfigError, FileNotFoundError) as e:
         fail(e)
     except ServerError as e:  # a server died, hung or refused mid-run: one line, and where the work is kept
-        stop(f"{e}; {kept_work(run_dir)}", 1)
-    suite(plain, prepared, run_dir)
+        stop(f"{e}; {resume.kept_work(run_dir)}", 1)
+    finish(root, prepared, run_dir)
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")
 
@@ -225,12 +154,13 @@ def main(argv: list[str] | None = None) -> float | None:
     program's name (None: ``sys.argv[1:]``); given, they are what Hydra reads too, so a test runs the command in-process."""
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     argv = sys.argv[1:] if argv is None else list(argv)
+    resume.forget()  # this command decides its runs afresh
     try:
         finished = preflight(argv)
     except ConfigError as e:
         fail(e)
     if finished:  # a single run resumed after its end: nothing runs, Hydra writes nothing into it
-        if rank0():
+        if end.rank0():
             print(finished, flush=True)
         return None
     saved, sys.argv = sys.argv, [sys.argv[0], *argv]  # @hydra.main reads sys.argv

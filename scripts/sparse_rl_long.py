@@ -131,8 +131,8 @@ def final(run_dir: Path) -> dict:
     golds = [e.gold for e in kept]
     hf = policy.config
     per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (hf.hidden_size // hf.num_attention_heads) * 4
-    sparse = ro["name"] == "sparse_hf"
-    engines = {"own": ENGINES.get(ro["name"])(model_dir, tok, ro, policy=policy)}
+    sparse = ro.name == "sparse_hf"
+    engines = {"own": ENGINES.get(ro.name)(model_dir, tok, ro, policy=policy)}
     if sparse:
         engines["dense"] = ENGINES.get("hf")(model_dir, tok, HfRollout(name="hf"), policy=policy)
     out = {}
@@ -142,9 +142,9 @@ def final(run_dir: Path) -> dict:
         r = seen[0]
         prompts = [len(r.prompt_ids[i // r.n]) for i in range(len(r.completion_ids))]
         lens = [len(c) for c in r.completion_ids]
-        budget = ro["budget"] if sparse and name == "own" else None
+        budget = ro.budget if sparse and name == "own" else None
         out[name] = {"accuracy": res["accuracy"], "n_eval": res["n_eval"], "mean_length": res["mean_length"]}
-        out[name].update(kv_stats(prompts, lens, budget, ro.get("interval", 1), per_token, bool(ro.get("keep_prompt"))))
+        out[name].update(kv_stats(prompts, lens, budget, getattr(ro, "interval", 1), per_token, bool(getattr(ro, "keep_prompt", False))))
         out[name].update({f"dense_{k}": v for k, v in kv_stats(prompts, lens, None, 1, per_token).items()})
         if name == "own" and sparse:
             out[name]["engine_kv_peak"] = r.metrics["kv_bytes_sparse"]  # the engine's own count, for a check

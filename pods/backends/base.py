@@ -72,10 +72,11 @@ class Backend(Updater, ABC):
     the update's hooks. Built as ``cls(model_dir, cfg)``: ``cfg`` is the typed root (checked by ``pods.config.validate``,
     which runs ``check``) or its ``Sections``; the backend keeps only the sections (``model_cfg``, ``hw``, ``alg``,
     ``optim_cfg``). ``collective_forward``: every forward is a collective over ranks (ZeRO-3), so ranks run them in
-    lockstep. A sharded backend (DeepSpeed) adds ``save_sharded``/``load_sharded``, which ``pods.checkpoint`` calls
-    instead of ``state_dict``/``load_state_dict``."""
+    lockstep. ``sharded``: its state is sharded over ranks (DeepSpeed), saved and loaded by its ``save_sharded``/
+    ``load_sharded``, which ``pods.checkpoint`` calls instead of ``state_dict``/``load_state_dict``."""
 
     collective_forward: bool = False
+    sharded: bool = False
 
     def __init__(self, model_dir: str, cfg: Root | Sections):
         if not isinstance(cfg, Sections):

@@ -97,6 +97,8 @@ def _layer_of(name: str) -> str:
 class DeepSpeedBackend(Backend):
     """``hardware.backend=deepspeed``: full fine-tuning, ZeRO-2/3 over the process group ``pods.distributed`` made."""
 
+    sharded = True  # pods.checkpoint saves and loads it by save_sharded / load_sharded
+
     def __init__(self, model_dir: str, cfg: Root | Sections):
         import deepspeed
         from deepspeed.accelerator import get_accelerator

@@ -4,8 +4,8 @@ An engine is a subclass of ``Engine``, built as ``cls(model_dir, tokenizer, cfg,
 its own rollout section (``section``); ``policy`` is the live training module (engines that generate with it,
 like HF, need no weight sync). It owns its rules (``check``, called by ``pods.config.validate`` before anything
 loads) and its memory model (``memory`` and ``memory_fixes``, called by ``pods.memory``). ``PolicyEngine`` is the
-base of the engines that sample with the training module. Adding an engine is one module and one
-``ENGINES.register_lazy`` line.
+base of the engines that sample with the training module. Adding an engine is one module, one
+``ENGINES.register_lazy`` line (with its ``EngineSpec``) and its config file (with its rollout section in the schema).
 """
 
 from __future__ import annotations
@@ -21,7 +21,16 @@ if TYPE_CHECKING:
     from pods.engines.memory import EngineMemory, Fits, Fix
     from pods.schema import Root
 
-ENGINES = Registry("rollout engine")
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What choosing an engine needs, known without importing it: ``package``, a package pods does not install with
+    itself (vLLM), checked before a model loads (``pods.eval.run.check_options``)."""
+
+    package: str | None = None
+
+
+ENGINES = Registry("rollout engine", spec=EngineSpec)
 
 
 class Sampling(sections.Sampling):

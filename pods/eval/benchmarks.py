@@ -8,19 +8,18 @@ read out of its column (``gold``: a name in ``GOLDS``), and the grader that fits
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 from pods.compose import CONF, compose_job, hydra_context, to_plain
 from pods.errors import ConfigError
 from pods.registry import Registry
-from pods.schema import Hub, Sampling, Section, _validate, defaults  # the run config's sections: strict, unknown keys refused
+
+# the run config's sections (strict, unknown keys refused) and its one registration of config nodes
+from pods.schema import Hub, Pos, Sampling, Section, defaults, register, validated
 from pods.tasks.base import Example
 
 GOLDS = Registry("gold format")
 LOADERS = Registry("benchmark loader")
-Pos = Annotated[int, Field(ge=1)]
 
 
 class Benchmark(Section):
@@ -66,7 +65,7 @@ def check_suite(cfg: dict) -> Suite:
     from pods.tasks import GRADERS
     from pods.tasks.prompts import PROMPTS
 
-    suite = _validate(Suite, cfg, "suite")
+    suite = validated(Suite, cfg, "suite")
     unknown = [b for b in (suite.only or []) + list(suite.per_benchmark) if b not in suite.benchmarks]
     if unknown:
         raise ConfigError(f"suite '{suite.name}': unknown benchmark '{unknown[0]}'; valid: {', '.join(sorted(suite.benchmarks))}")
@@ -85,7 +84,7 @@ def check_suite(cfg: dict) -> Suite:
 
 def plan_for(suite: Suite, name: str) -> Plan:
     base = {"samples": suite.samples, "max_tokens": suite.max_tokens, "ks": suite.ks}
-    return _validate(Plan, {**base, **suite.per_benchmark.get(name, {})}, f"suite.per_benchmark.{name}")
+    return validated(Plan, {**base, **suite.per_benchmark.get(name, {})}, f"suite.per_benchmark.{name}")
 
 
 def selected(suite: Suite) -> list[str]:
@@ -185,12 +184,9 @@ def suites() -> list[str]:
     return sorted(p.stem for p in SUITES.glob("*.yaml"))
 
 
-def register() -> None:
+def nodes() -> dict[str, dict]:
     """The schema defaults as ``benchmark/_base`` and ``suite/_base`` (every key present, so overrides need no ``+``)."""
-    from hydra.core.config_store import ConfigStore
-
-    for group, model in (("benchmark", Benchmark), ("suite", Suite)):
-        ConfigStore.instance().store(group=group, name="_base", node=defaults(model))
+    return {f"{group}/_base": defaults(model) for group, model in (("benchmark", Benchmark), ("suite", Suite))}
 
 
 def compose_suite(name: str, overrides: list[str] | None = None) -> Suite:
@@ -208,8 +204,8 @@ def compose_suite(name: str, overrides: list[str] | None = None) -> Suite:
     if bad:
         raise ConfigError(f"suite override '{bad[0]}': overrides are suite keys, e.g. suite.samples=4 or suite.only=[gsm8k]")
     for key in {o.lstrip("+~").split("=", 1)[0].split(".")[1] for o in overrides} - set(Suite.model_fields):
-        _validate(Suite, {"name": name, "benchmarks": {}, key: None}, "suite")  # the schema's message: closest valid key
-    register()
+        validated(Suite, {"name": name, "benchmarks": {}, key: None}, "suite")  # the schema's message: closest valid key
+    register(nodes())
     if GlobalHydra.instance().is_initialized():
         cfg = compose_job(overrides, config_name=f"suite/{name}")
     else:

@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     from pods.eval.run import Options, check_options, evaluate_suite, load_suite, suite_prompt
     from pods.eval.weights import resolve
     from pods.files import writable
-    from pods.schema import _validate
+    from pods.schema import validated
 
     try:  # everything checked before a model loads
         suite = compose_suite(args.suite, args.overrides)
-        options = _validate(Options, {"engine": args.engine, "device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}, "")
+        options = validated(Options, {"engine": args.engine, "device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}, "")
         check_options(options)
         if args.out is not None:
             writable(args.out, "--out", directory=True)

@@ -14,14 +14,9 @@ from typing import Literal
 import torch
 
 from pods.errors import ConfigError
-from pods.eval.benchmarks import Pos, Suite, load_benchmark, selected
+from pods.eval.benchmarks import Suite, load_benchmark, selected
 from pods.eval.weights import Target
-from pods.schema import Section, _validate
-
-PACKAGES = {
-    "vllm": "vllm",
-    "vllm_server": "vllm",
-}  # engines that need a package pods does not install with itself: checked before a model loads
+from pods.schema import Pos, Section, validated
 
 
 class Options(Section):
@@ -42,7 +37,7 @@ def check_options(options: Options) -> None:
 
     if options.engine not in ENGINES:
         raise ConfigError(f"engine: {ENGINES.unknown(options.engine)}")
-    package = PACKAGES.get(options.engine)
+    package = ENGINES.spec(options.engine).package
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"engine {options.engine}: {package} is not installed (pip install '.[cpu]' or '.[gpu]'), or use engine hf")
 
@@ -76,7 +71,7 @@ def build_engine(target: Target, options: Options, stack: ExitStack, near: Path)
 
     cls, tok = ENGINES.get(options.engine), load_tokenizer(target.tokenizer or target.base)
     given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
-    section = _validate(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
+    section = validated(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
     if issubclass(cls, PolicyEngine):
         model, base = load(target, options.device, options.dtype)
         return cls(base, tok, section, policy=model), tok

@@ -14,10 +14,9 @@ Dynamic sampling (DAPO, Yu et al., arXiv 2503.14476, section 3.2; docs/knobs.md)
   the rank with the fewest has (at most ``prompts_per_step``), so that every rank trains as many rows in as many
   micro-batches. Extra kept groups are discarded, as DAPO does. A step left with no group trains nothing.
 
-Refill generation happens inside the step, so it counts on the training clock (the x-axis of DAPO's curves), and the
-prompt sampler's position and the RNG states, which the checkpoint holds, are all it changes: a resumed run continues
-exactly. Logged: ``gen_batches`` (prompt batches generated this step), ``groups_filtered`` (groups dropped, over all
-ranks) and ``groups_refilled`` (trained groups that came from refill batches, over all ranks).
+Refills count on the training clock (the x-axis of DAPO's curves) and change only the prompt sampler's position and
+the RNG states, which the checkpoint holds: a resumed run continues exactly. Logged: ``gen_batches``, and over all
+ranks ``groups_filtered`` (dropped) and ``groups_refilled`` (trained groups from refill batches).
 """
 
 from __future__ import annotations
@@ -81,20 +80,20 @@ class Source:
         return Source(_Same(len(prompt_ids)), prompt_ids, golds, gen)
 
 
+@dataclass
 class _Same:
-    """A prompt sampler that returns every prompt, in order, at every draw."""
+    """A prompt sampler that returns every prompt, in order, at every draw (no state to save)."""
 
-    def __init__(self, size: int):
-        self.size = size
+    size: int
 
     def next(self) -> list[int]:
         return list(range(self.size))
 
     def state_dict(self) -> dict:
-        return {"size": self.size}
+        return {}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.size = sd["size"]
+        return None
 
 
 @dataclass

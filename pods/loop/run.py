@@ -232,10 +232,6 @@ class Run:
 def train(cfg: Root, run_dir: str | Path) -> dict:
     """Run one experiment from a validated config (``pods.config.validate``: typed and checked before any model or
     dataset is loaded); returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
-    if isinstance(cfg, dict):  # (until every caller validates: h-cfg's branch)
-        from pods.config import validate
-
-        cfg = validate(cfg)
     if not isinstance(cfg, Root):
         raise ConfigError(f"pods.loop.train takes a validated config, not a {type(cfg).__name__}: pass pods.config.validate(cfg)")
     end = resume.check(cfg, run_dir)  # (0)  # a resume with other settings: refused; a finished run: nothing to do

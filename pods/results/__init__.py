@@ -8,5 +8,5 @@
 - ``report``: CSV tables and the printed summaries (the CPU demo's, the paper figures');
 - ``d3s``: the CPU D3S comparison's table and figures.
 
-Used by ``pods.demo``, ``pods.figures``, ``pods.d3s_report`` and ``scripts/``.
+Used by ``pods.demo``, ``pods.figures`` and ``scripts/``; ``python -m pods.results.d3s`` draws the D3S comparison.
 """

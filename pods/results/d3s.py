@@ -1,6 +1,6 @@
 """The CPU D3S comparison's outputs from finished runs: GRPO vs PODS vs D3S-I vs D3S-C.
 
-``python -m pods.d3s_report --runs results/cpu/d3s/runs --out results/cpu/d3s`` reads every run's config.json
+``python -m pods.results.d3s --runs results/cpu/d3s/runs --out results/cpu/d3s`` reads every run's config.json
 and metrics.jsonl under ``--runs`` and writes: accuracy against training time and against optimizer steps (mean
 +- 1.96 SE over seeds), the policy-gradient norm against steps, and ``summary.csv`` (one row per arm: steps,
 accuracy at start / best / end, gradient norm, rollouts and tokens generated and trained, token fraction kept,
@@ -87,3 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     for row in report(args.runs, args.out):
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+
+
+if __name__ == "__main__":
+    main()

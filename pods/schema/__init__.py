@@ -17,6 +17,7 @@ import difflib
 from pydantic import BaseModel, ValidationError
 
 from pods.errors import ConfigError
+from pods.schema.base import Pos  # noqa: F401 - the shared field type of a positive count, for sections outside this package
 from pods.schema.messages import explain, section_of
 from pods.schema.sections import (  # noqa: F401 - the sections are this package's public names
     SHAPES,
@@ -62,20 +63,22 @@ def check(cfg: dict | Root) -> Root:
             raise ConfigError(f"{group}.name is required (a string), got {name!r}")
         models = shapes.get(name, shapes["*"])
         node[group] = _first_fit(models if isinstance(models, tuple) else (models,), sub, group)
-    return _validate(Root, node, "")
+    return validated(Root, node, "")
 
 
 def _first_fit(models: tuple[type[Section], ...], node: dict, where: str) -> Section:
     error = None
     for model in models:
         try:
-            return _validate(model, node, where)
+            return validated(model, node, where)
         except ConfigError as e:
             error = error or e
     raise error
 
 
-def _validate(model: type[Section], node: dict, where: str) -> Section:
+def validated(model: type[Section], node: dict, where: str) -> Section:
+    """``node`` validated strictly as ``model`` (no defaults merged in but the model's own), or ``ConfigError`` in one
+    line naming the key under ``where`` (a section's dotted key, '' for a config of its own: a suite, eval options)."""
     try:
         return model.model_validate(node)
     except ValidationError as e:
@@ -91,7 +94,7 @@ def defaults(model: type[Section]) -> dict:
 def complete(model: type[Section], node: dict | None = None, **values) -> Section:
     """One section for a caller that builds its own (a test, a script): the schema's defaults, then ``node``, then
     ``values``, validated as ``model.of`` validates (``ConfigError`` in one line naming the key)."""
-    return model.of({**(node or {}), **values})
+    return model.of({**dict(node or {}), **values})  # a mapping or a section (its fields)
 
 
 def nodes() -> dict[str, dict]:
@@ -119,12 +122,13 @@ def nodes() -> dict[str, dict]:
     return out
 
 
-def register() -> None:
-    """Put ``nodes()`` into Hydra's ConfigStore (idempotent); call before composing ``conf/``."""
+def register(more: dict[str, dict] | None = None) -> None:
+    """Put ``nodes()`` and ``more`` (other ``group/name`` nodes: the suites', ``pods.eval.benchmarks.nodes``) into
+    Hydra's ConfigStore (idempotent), the one place that registers config nodes; call before composing ``conf/``."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for where, node in nodes().items():
+    for where, node in {**nodes(), **(more or {})}.items():
         group, _, name = where.rpartition("/")
         cs.store(group=group or None, name=name, node=node)
 

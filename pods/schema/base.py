@@ -1,8 +1,8 @@
-"""The base of every configuration section: ``Section`` (dict-style reads, ``Section.of`` validating a mapping), the
+"""The base of every configuration section: ``Section`` (read by attribute, ``Section.of`` validating a mapping), the
 shared field types, and ``where`` (a section's dotted key in the config).
 
-Sections also answer dict-style reads (``sec["key"]``, ``sec.get("key")``, ``"key" in sec``) so that code written
-against the plain dicts of earlier versions keeps working; the package itself reads attributes.
+A section is read by attribute only: ``sec["key"]`` and ``sec["key"] = value`` raise ``TypeError`` (pydantic's
+``BaseModel`` has no item access), so no value reaches a section without its validation (``Section.of``, ``complete``).
 """
 
 from __future__ import annotations
@@ -34,23 +34,6 @@ class Section(BaseModel):
         super().__pydantic_init_subclass__(**kwargs)
         if cls.__dict__.get("is_root"):
             _ROOT[:] = [cls]
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in type(self).model_fields or key not in self.__dict__:
-            raise KeyError(key)
-        return self.__dict__[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
-
-    def __contains__(self, key: object) -> bool:
-        return key in type(self).model_fields and key in self.__dict__
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.__dict__[key] if key in self else default
-
-    def keys(self) -> list[str]:
-        return [k for k in type(self).model_fields if k in self.__dict__]
 
     @classmethod
     def of(cls, node: Any) -> Section:

@@ -68,6 +68,7 @@ def two_steps(backend, cfg, dist, rows: slice) -> dict:
 # The worker: runs on both ranks under torchrun (python -m torch.distributed.run ... this_file OUT_DIR)
 # ----------------------------------------------------------------------------------------------------------
 def worker(out: Path) -> None:
+    from pods.config import validate
     from pods.loop import train
     from pods.tiny import ensure_tiny
     from support.config import compose, shrink
@@ -77,7 +78,7 @@ def worker(out: Path) -> None:
     cfg = shrink(compose(["hardware=cpu_ddp2_zero3", "algorithm=grpo_ga", *SMALL]), steps=8)
     cfg["train"].update(max_steps=8, time_budget_s=1.5)
     cfg["eval"]["every_s"] = 0.7
-    train(cfg, out / "ga")
+    train(validate(cfg), out / "ga")
     # (b) two optimizer steps on a fixed batch, rank r holding rows [4r, 4r + 4), micro-batches of 2
     backends = {}
     for name, overrides in VARIANTS.items():

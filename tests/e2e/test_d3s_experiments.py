@@ -141,11 +141,12 @@ def test_d3s_cpu_sweep_runs_the_four_arms_with_their_own_n_and_m():
 def test_pods_plus_d3s_tokens_cpu_experiment_runs(tiny_dir, tmp_path):
     """The composition arm as committed (shrunk to 2 steps, n = 16 -> 4): PODS keeps 4 of each group by reward
     variance, D3S drops tokens by |A| x entropy."""
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
 
     cfg = shrink(compose(["experiment=d3s_tokens_pods_toy_cpu", "algorithm.n=16", "algorithm.m=4"]))
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert len(rows) == 2 and all(r["kept"] == 8 and 0 < r["tokens_kept_frac"] < 1 for r in rows)
     assert rows[0]["token_keep"] == pytest.approx(0.2) and rows[1]["token_keep"] == pytest.approx(0.4)  # p = 0, 1/2

@@ -238,13 +238,14 @@ def test_slurm_launchers_resolve_to_submitit_1_2_0_fields():
 
 def test_cpu_comparison_arms_run_two_steps(tiny_dir, tmp_path):
     """The *_cpu arms of `make reproduce-figure-cpu` run as committed (shrunk to 2 steps) and train on what they should."""
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
 
     for exp, (n, kept) in CPU_ARMS.items():
         cfg = shrink(compose([f"experiment={exp}"]))
         assert cfg["model"]["builder"] == "tiny" and cfg["hardware"]["device"] == "cpu"
-        train(cfg, tmp_path / exp)
+        train(validate(cfg), tmp_path / exp)
         rows = read_metrics(tmp_path / exp / "metrics.jsonl", "train")
         assert len(rows) == 2 and all(r["kept"] == kept * cfg["train"]["prompts_per_step"] for r in rows), exp
         assert cfg["algorithm"]["n"] == n

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from pods.advantages import ADVANTAGES
+from pods.config import validate
 from pods.loop import train
 from pods.metrics import read_metrics
 from pods.schema import check
@@ -51,7 +52,7 @@ def _weights_changed(tiny_dir: Path, run_dir: Path) -> float:
 def test_algorithm_trains_and_logs(algo, tiny_dir, tmp_path):
     cfg = shrink(compose([f"algorithm={algo}", *SMALL[algo]]), steps=2)
     cfg["train"]["save_final"] = True
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     assert _weights_changed(tiny_dir, tmp_path) > 0
     rows = read_metrics(tmp_path / "metrics.jsonl")
     train_rows = [r for r in rows if r["kind"] == "train"]
@@ -73,7 +74,7 @@ def test_lora_with_kl_trains_adapter_only_and_reports_kl(tiny_dir, tmp_path):
         steps=3,
     )
     cfg["train"]["save_final"] = True
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     adapter = load_file(tmp_path / "final" / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)
     kl = [r["kl"] for r in read_metrics(tmp_path / "metrics.jsonl", "train")]
@@ -100,7 +101,7 @@ def test_advantages_are_computed_on_the_kept_subset(tiny_dir, tmp_path, monkeypa
     monkeypatch.setattr(downsample, "kept_rows", spy_select)
     monkeypatch.setattr(base.Backend, "update", spy_update)
     cfg = shrink(compose(["algorithm=grpo_pods", "algorithm.n=8", "algorithm.m=3", "algorithm.rule=max_reward"]), steps=1)
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     kept_r = seen["rewards"].gather(1, seen["kept"])
     expected = ADVANTAGES.get("grpo")(kept_r).float().flatten()
     within(max_gap(seen["adv"], expected), 1e-5, "loop advantages vs recomputed")
@@ -142,12 +143,12 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tiny_dir, tmp_p
     base = ["algorithm=grpo_pods", "algorithm.n=8", "algorithm.m=4", "algorithm.rule=random"]
     cfg = shrink(compose(base), steps=4)
     cfg["train"]["save_final"] = True
-    train(cfg, straight)
+    train(validate(cfg), straight)
     first = shrink(compose(base), steps=2)
-    train(first, split)
+    train(validate(first), split)
     again = shrink(compose([*base, "train.resume=auto"]), steps=4)
     again["train"]["save_final"] = True
-    train(again, split)
+    train(validate(again), split)
     a, b = load_file(straight / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
     within(max(max_gap(a[k], b[k]) for k in a), 1e-6, "weights, resumed vs straight")
     steps = [r["step"] for r in read_metrics(split / "metrics.jsonl", "train")]
@@ -172,5 +173,5 @@ def test_every_experiment_runs_two_tiny_steps(exp, tiny_dir, tmp_path):
     tiny["optim"]["name"] = "adamw"
     tiny["train"].update(prompts_per_step=1, group_repeats=1)  # one prompt group per step (the 8-GPU files repeat a prompt 16 times)
     assert tiny["algorithm"] == cfg["algorithm"]
-    train(tiny, tmp_path)
+    train(validate(tiny), tmp_path)
     assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2

@@ -31,11 +31,12 @@ HF_TOL_MAX = 1e-4
 
 
 def run(tmp_path, overrides, steps=2, small=SMALL):
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
 
     cfg = shrink(compose([*small, *overrides]), steps=steps)
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     return read_metrics(tmp_path / "metrics.jsonl", "train")
 
 

@@ -26,6 +26,7 @@ def test_stop_flag_defers_the_previous_handler_until_after_the_checkpoint():
 
 def test_signal_mid_run_checkpoints_and_resume_continues(tiny_dir, tmp_path, monkeypatch):
     import pods.loop.run as loop  # where Run.step finds rollout_step
+    from pods.config import validate
 
     real = loop.rollout_step
     count = {"n": 0}
@@ -39,9 +40,9 @@ def test_signal_mid_run_checkpoints_and_resume_continues(tiny_dir, tmp_path, mon
 
     monkeypatch.setattr(loop, "rollout_step", step_then_signal)
     cfg = shrink(compose(["algorithm.n=4", "algorithm.m=2"]), steps=10)
-    loop.train(cfg, tmp_path)
+    loop.train(validate(cfg), tmp_path)
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl", "train")] == [1, 2]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000002.pt"
     monkeypatch.setattr(loop, "rollout_step", real)
-    loop.train(shrink(compose(["algorithm.n=4", "algorithm.m=2", "train.resume=auto"]), steps=4), tmp_path)
+    loop.train(validate(shrink(compose(["algorithm.n=4", "algorithm.m=2", "train.resume=auto"]), steps=4)), tmp_path)
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl", "train")] == [1, 2, 3, 4]

@@ -74,17 +74,17 @@ def test_the_compressed_cache_holds_at_most_half_of_a_dense_sequence():
     from pods.tiny import shipped
 
     cfg = check(arms()["sparse_rl"])
-    ro, ds = cfg["rollout"], cfg["dataset"]
-    tok = load_tokenizer(shipped(cfg["model"]["spec"]))
+    ro, ds = cfg.rollout, cfg.dataset
+    tok = load_tokenizer(shipped(cfg.model.spec))
     loader = DATASETS.get("toy_long")
     test = loader(ds).test
-    ids, kept, _ = encode_prompts(test, tok, ds["max_prompt_length"])
+    ids, kept, _ = encode_prompts(test, tok, ds.max_prompt_length)
     answers = [len(tok(DATASETS.spec("toy_long").sft_target(e) + "<|im_end|>", add_special_tokens=False)["input_ids"]) for e in kept]
     s = script()
-    sparse = s.kv_stats(list(map(len, ids)), answers, ro["budget"], ro["interval"], 1)
+    sparse = s.kv_stats(list(map(len, ids)), answers, ro.budget, ro.interval, 1)
     dense = s.kv_stats(list(map(len, ids)), answers, None, 1, 1)
-    assert max(len(p) + a - 1 for p, a in zip(ids, answers)) <= cfg["sampling"]["max_tokens"] + max(map(len, ids))
-    assert min(len(p) + a - 1 for p, a in zip(ids, answers)) > ro["budget"]
+    assert max(len(p) + a - 1 for p, a in zip(ids, answers)) <= cfg.sampling.max_tokens + max(map(len, ids))
+    assert min(len(p) + a - 1 for p, a in zip(ids, answers)) > ro.budget
     assert sparse["kv_peak"] <= 0.5 * dense["kv_peak"] and sparse["kv_mean"] < 0.7 * dense["kv_mean"], (sparse, dense)
 
 

@@ -185,6 +185,7 @@ def test_recipe_algorithm_runs_on_cpu(tiny_dir, tmp_path):
     """The R-KV arm's algorithm, correction and update as committed (mini-batches, unweighted clamped KL, the
     per-micro-batch normaliser), on the tiny model and the toy task with a 24-token R-KV cache: 2 rollout steps of
     2 x 4 rollouts in mini-batches of 4 = 2 optimizer steps each, and the metrics written."""
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
     from support.config import shrink
@@ -201,7 +202,7 @@ def test_recipe_algorithm_runs_on_cpu(tiny_dir, tmp_path):
     ]
     cfg = shrink(compose(["experiment=sparse_rl_qwen2_5_3b_rkv", *over, *small]), steps=2)
     cfg["eval"]["at_start"] = False
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert [r["optimizer_steps"] for r in rows] == [2, 2] and all(r["kl"] >= 0 and "sparse_rl_weight_mean" in r for r in rows)
     assert rows[-1]["kv_saving"] > 0

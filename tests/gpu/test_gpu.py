@@ -12,11 +12,12 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_run_on_cuda(tiny_dir, tmp_path, dtype):
+    from pods.config import validate
     from pods.loop import train
     from pods.metrics import read_metrics
 
     cfg = shrink(compose(["hardware.device=cuda", f"hardware.dtype={dtype}", "algorithm.n=4", "algorithm.m=2"]))
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert len(rows) == 2 and all(r["kept"] == 2 * cfg["train"]["prompts_per_step"] for r in rows)
 

@@ -153,7 +153,7 @@ def on_two_ranks(step: Step, overrides: list[str], out: Path, name: str) -> tupl
     from support.config import compose
 
     cfg = check(compose([*ON_RANKS, *overrides]))
-    dist = distributed.init(cfg["hardware"])
+    dist = distributed.init(cfg.hardware)
     backend = DeepSpeedBackend(str(ensure_tiny()), cfg)
     res = step(backend, cfg, dist, slice(ROWS_PER_RANK * dist.rank, ROWS_PER_RANK * (dist.rank + 1)))
     per_rank = {k: dist.gather_object(v) for k, v in res.pop("rows", {}).items()}

@@ -63,7 +63,6 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.figures",
             "pods.demo",
             "pods.results.*",
-            "pods.d3s_report",
         ],
     ),
 }

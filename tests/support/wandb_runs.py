@@ -54,6 +54,7 @@ def start(run_dir: Path, cfg: dict, first: int, last: int, resume: int | None = 
 def train_until(run_dir: str, cfg: dict, at_call: int | None, signum: int) -> None:
     """``pods.loop.train``, sending this process ``signum`` as the ``at_call``-th rollout step of this start begins."""
     import pods.loop.run as loop  # where Run.step finds rollout_step
+    from pods.config import validate
 
     real, calls = loop.rollout_step, [0]
 
@@ -64,7 +65,7 @@ def train_until(run_dir: str, cfg: dict, at_call: int | None, signum: int) -> No
         return real(*a, **k)
 
     loop.rollout_step = counted
-    loop.train(cfg, run_dir)
+    loop.train(validate(cfg), run_dir)
 
 
 def start_loop(run_dir: Path, cfg: dict, at_call: int | None = None, signum: int = signal.SIGUSR1) -> subprocess.CompletedProcess:

@@ -194,11 +194,11 @@ def test_step_context_takes_a_section_or_a_plain_dict_of_a_whole_one():
     assert batch.loss_mask.tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
 
-def test_complete_reads_like_the_dict_it_was():
+def test_complete_fills_the_defaults_then_the_node_then_the_values():
     a = complete(Algorithm, {"name": "pods", "n": 8, "m": 4}, m=2, rule="max_variance")  # defaults, then the node, then the values
-    assert (a["n"], a["m"], a["rule"]) == (8, 2, "max_variance")
-    assert (a.n, a.m) == (8, 2)
-    assert a["advantage"] == defaults(Algorithm)["advantage"] and "beta" in a and a.get("beta") == defaults(Algorithm)["beta"]
+    assert (a.n, a.m, a.rule) == (8, 2, "max_variance")
+    assert a.advantage == defaults(Algorithm)["advantage"] and a.beta == defaults(Algorithm)["beta"]
+    assert complete(Algorithm, a, m=4).m == 4 and a.m == 2  # a section as the node: its fields, validated again; a kept as it was
 
 
 # ---- bad dicts at the public doors: one line naming the key, before anything runs ---------------------------------

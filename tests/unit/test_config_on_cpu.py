@@ -71,16 +71,19 @@ BAD = [
 
 
 @pytest.mark.parametrize("overrides,key", BAD, ids=[k for _, k in BAD])
-def test_bad_config_fails_before_any_model_load(overrides, key, tmp_path, monkeypatch):
-    import pods.loop.run as loop  # where Run finds what it loads
+def test_bad_config_fails_before_any_model_load(overrides, key, monkeypatch):
+    """``pods.config.validate``, what every caller of ``pods.loop.train`` runs first (it takes a validated Root only)."""
+    import pods.models
+    from pods.config import validate
+    from pods.tasks import DATASETS
 
     def boom(*a, **k):
         raise AssertionError("a model or dataset was loaded before validation")
 
-    monkeypatch.setattr(loop, "resolve_model_dir", boom)
-    monkeypatch.setattr(loop.DATASETS, "get", boom)
+    monkeypatch.setattr(pods.models, "resolve_model_dir", boom)
+    monkeypatch.setattr(DATASETS, "get", boom)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        loop.train(compose(overrides), tmp_path)
+        validate(compose(overrides))
 
 
 def test_cli_bad_config_exits_2_fast_with_the_key():

@@ -237,7 +237,7 @@ def test_sparse_rl_veto_of_every_sequence_then_d3s_tokens_keeps_nothing(tiny_dir
     backend = LocalBackend(str(tiny_dir), cfg)
     batch, _ = hand_batch()
     batch.sampler_logprobs = (backend.policy_stats(batch).logprobs + 12.0) * batch.loss_mask
-    m = tokens.apply(batch, backend, cfg["algorithm"], 0.0, distributed.SINGLE)
+    m = tokens.apply(batch, backend, cfg.algorithm, 0.0, distributed.SINGLE)
     assert batch.loss_mask.sum() == 0 and m["sparse_rl_rejected_frac"] == 1.0 and m["tokens_kept_frac"] == 0.0
     assert m["sparse_rl_weight_max"] == 0.0 and m["sparse_rl_weight_mean"] == 0.0
 
@@ -266,7 +266,7 @@ def test_masked_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
         cfg = check(compose(["algorithm=d3s", f"hardware.micro_batch_size={micro}", "optim.eps=1.0", "algorithm.beta=0.04"]))
         backend = LocalBackend(str(tiny_dir), cfg)
         batch = build_batch(prompts, comps, [[0.0] * len(c) for c in comps], signs, 0)
-        m = tokens.apply(batch, backend, cfg["algorithm"], 0.5, distributed.SINGLE)
+        m = tokens.apply(batch, backend, cfg.algorithm, 0.5, distributed.SINGLE)
         assert 0 < m["tokens_kept_frac"] < 1 and m["entropy_kept"] > m["entropy_dropped"]  # the top half by entropy
         stats = backend.update(batch, lr=0.5)
         after.append({k: v.clone() for k, v in backend.model.state_dict().items()})
@@ -305,6 +305,7 @@ def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, rule, ti
     import pods.loop as loop
     import pods.loop.learn as learn  # where the loop's step (5b) builds the batch
     import pods.loop.rollouts as refill  # where the loop's steps (2)-(3) generate and score
+    from pods.config import validate
     from pods.metrics import read_metrics
 
     seen = {"rewards": [], "adv": []}
@@ -312,7 +313,7 @@ def test_loop_trains_on_full_group_advantages_of_the_kept_rollouts(alg, rule, ti
     monkeypatch.setattr(refill, "score_batch", lambda *a, **k: seen["rewards"].append(r := score(*a, **k)) or r)
     monkeypatch.setattr(learn, "build_batch", lambda *a, **k: seen["adv"].append(torch.as_tensor(a[3])) or build(*a, **k))
     cfg = shrink(compose([f"algorithm={alg}", f"algorithm.rule={rule}", "algorithm.n=8", "algorithm.m=2", "algorithm.m_final=6"]), steps=2)
-    loop.train(cfg, tmp_path)
+    loop.train(validate(cfg), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     G = cfg["train"]["prompts_per_step"]
     assert [r["kept"] for r in rows] == [G * 2, G * 4]  # N(0) = 2, N(1/2) = 4

@@ -84,7 +84,7 @@ def measure_update(cfg_file: str) -> None:
     backend = LocalBackend(cfg.model.path, cfg)
     vocab = backend.model.config.vocab_size
     backend.update(batch(2, 16, 16, vocab, seed=1), lr=1e-4)
-    big = batch(cfg["hardware"]["micro_batch_size"], PROMPT, COMPLETION, vocab)
+    big = batch(cfg.hardware.micro_batch_size, PROMPT, COMPLETION, vocab)
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     base = _status("VmHWM")

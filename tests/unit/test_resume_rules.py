@@ -28,6 +28,8 @@ class Sampler:
 class Sharded:
     """A backend with ZeRO's sharded state (``stage``), as ``DeepSpeedBackend`` has."""
 
+    sharded = True
+
     def __init__(self, stage: int):
         self.stage, self.loaded = stage, False
 
@@ -40,6 +42,8 @@ class Sharded:
 
 
 class Local:
+    sharded = False
+
     def state_dict(self) -> dict:
         return {}
 

@@ -54,15 +54,15 @@ def test_a_dict_caller_gets_the_schema_defaults():
         del cfg[section][key]
     del cfg["sampling"]
     out = schema.check(cfg)
-    assert out["algorithm"]["token_rule"] == "all" and out["algorithm"]["correction"] == "none"
-    assert out["train"]["keep_checkpoints"] is None and out["eval"]["at_start"] is True and out["optim"]["warmup_ratio"] == 0.0
+    assert out.algorithm.token_rule == "all" and out.algorithm.correction == "none"
+    assert out.train.keep_checkpoints is None and out.eval.at_start is True and out.optim.warmup_ratio == 0.0
     assert out.sampling == schema.Sampling()
 
 
 def test_types_are_normalised():
     out = schema.check(compose(["train.time_budget_s=60", "optim.lr=1"]))
-    assert out["train"]["time_budget_s"] == 60.0 and isinstance(out["train"]["time_budget_s"], float)
-    assert isinstance(out["optim"]["lr"], float) and isinstance(out["algorithm"]["n"], int)
+    assert out.train.time_budget_s == 60.0 and isinstance(out.train.time_budget_s, float)
+    assert isinstance(out.optim.lr, float) and isinstance(out.algorithm.n, int)
 
 
 BAD = [
@@ -137,7 +137,7 @@ def test_the_hardware_profile_chooses_the_optimizer_unless_the_run_names_one():
     assert compose([])["optim"]["name"] == "adamw" and compose(["hardware=h100x8_zero3"])["optim"]["name"] == "adamw"
     cfg = compose(["hardware=l40s_lora"])
     cfg["optim"]["name"] = None  # a dict caller leaving it out: check() fills in the profile's
-    assert schema.check(cfg)["optim"]["name"] == "adamw_8bit"
+    assert schema.check(cfg).optim.name == "adamw_8bit"
 
 
 def test_of_validates_a_dict_over_the_defaults_and_passes_a_section_as_it_is():
@@ -161,6 +161,18 @@ def test_of_validates_a_dict_over_the_defaults_and_passes_a_section_as_it_is():
         schema.complete(schema.Train, prompts_per_step=3, group_repeats=2)
     package = Path(schema.__file__).parents[1]
     assert not [p for p in package.rglob("*.py") if "model_construct" in p.read_text()]
+
+
+def test_a_section_is_read_by_attribute_only():
+    """No dict doors: item access and item assignment raise TypeError (no value reaches a section unvalidated)."""
+    root = schema.check(compose([]))
+    for section in (root, root.train, root.algorithm):
+        name = next(iter(type(section).model_fields))
+        with pytest.raises(TypeError):
+            section[name]  # noqa: B018 - the read itself is what is tested
+        with pytest.raises(TypeError):
+            section[name] = getattr(section, name)
+        assert not any(hasattr(section, door) for door in ("get", "keys", "__getitem__", "__setitem__", "__contains__"))
 
 
 def test_one_sampling_section_one_set_of_defaults():

@@ -10,6 +10,7 @@ import torch
 
 from pods import distributed
 from pods.backends.base import TokenStats, build_batch
+from pods.config import validate
 from pods.loop import train
 from pods.metrics import read_metrics
 from pods.schema import Algorithm, ToyLongDataset, check, complete
@@ -86,7 +87,7 @@ def test_identity_with_the_dense_hf_sampler(tiny_dir, tmp_path):
     for corr in ("none", "sparse_rl"):
         cfg = shrink(compose(["algorithm=grpo", "algorithm.n=4", "algorithm.m=4", f"algorithm.correction={corr}"]), steps=3)
         cfg["eval"]["at_start"] = False
-        train(cfg, tmp_path / corr)
+        train(validate(cfg), tmp_path / corr)
         rows[corr] = [r for r in read_metrics(tmp_path / corr / "metrics.jsonl") if r["kind"] == "train"]
     for a, b in zip(rows["none"], rows["sparse_rl"]):
         assert b["sparse_rl_rejected_frac"] == 0.0 and b["sparse_rl_masked_frac"] == 0.0
@@ -113,7 +114,7 @@ def test_corrected_loss_gradient_is_the_same_in_micro_batches(tiny_dir):
         noise = torch.randn(dense.shape, generator=torch.Generator().manual_seed(2)) * 0.4
         noise[3, 0] = 12.0  # ratio e^-12 < 1e-4: row 3 is vetoed
         batch.sampler_logprobs = (dense + noise) * batch.loss_mask
-        m = tokens.apply(batch, backend, cfg["algorithm"], 0.0, distributed.SINGLE)
+        m = tokens.apply(batch, backend, cfg.algorithm, 0.0, distributed.SINGLE)
         assert m["sparse_rl_rejected_frac"] == pytest.approx(1 / 8) and 0 < m["sparse_rl_masked_frac"] < 1
         assert batch.loss_mask[3].sum() == 0
         stats = backend.update(batch, lr=0.5)

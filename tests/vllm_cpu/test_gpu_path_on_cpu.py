@@ -227,6 +227,7 @@ def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, 
     from pods.backends import BACKENDS, build_batch
     from pods.backends.base import token_stats
     from pods.backends.local import LocalBackend
+    from pods.config import validate
     from pods.engines import ENGINES
     from pods.loop import train
 
@@ -272,7 +273,7 @@ def test_engine_serves_the_trainers_weights_from_the_first_evaluation(tiny_dir, 
         ),
         steps=1,
     )
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     assert len(gaps) >= 2  # the first evaluation, then step 1's rollouts
     within(max(gaps[:2]), 1e-4, "vLLM vs trainer, first eval and step 1 (rounded base)")
 
@@ -484,13 +485,14 @@ def test_checkpoint_rng_states_round_trip_through_weights_only(tmp_path):
 
 
 def _run(tmp_path: Path, overrides: list[str], steps: int = 3) -> Path:
+    from pods.config import validate
     from pods.loop import train
 
     cfg = shrink(
         compose(["algorithm=grpo_pods", "algorithm.n=4", "algorithm.m=2", "train.prompts_per_step=1", "eval.at_start=false", *overrides]),
         steps=steps,
     )
-    train(cfg, tmp_path)
+    train(validate(cfg), tmp_path)
     return tmp_path / "checkpoints"
 
 

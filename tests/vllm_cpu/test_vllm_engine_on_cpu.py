@@ -158,11 +158,12 @@ def live_engines() -> int:
 @pytest.mark.parametrize("algorithm", ["grpo", "grpo_pods"])
 def test_training_run_with_vllm(tmp_path, algorithm):
     """10 steps through pods.loop.train; its engine is freed when train() returns (no pinned frames)."""
+    from pods.config import validate
     from pods.loop import train
 
     before = live_engines()
     cfg = shrink(compose([*ENGINE, f"algorithm={algorithm}"]), steps=10)
-    last = train(cfg, tmp_path)
+    last = train(validate(cfg), tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["kind"] == "train"]
     assert len(steps) == 10 and all(r["t_sync"] > 0 for r in steps)

@@ -80,7 +80,7 @@ def test_default_run_with_vllm_evaluates_200_prompts_x_4(tmp_path):
 
     cfg = shrink(compose(["rollout=vllm"]), steps=2)
     cfg["eval"].update(max_examples=200, repeats=4, max_tokens=cfg["sampling"]["max_tokens"])
-    last = train(cfg, tmp_path)
+    last = train(validate(cfg), tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 2] and all(r["n_eval"] == 800 for r in evals)

@@ -1,0 +1,89 @@
+"""A training run's end-of-run suite (``eval.suite``): composed and checked before the run trains (``suite_of``,
+``prepare``), then, after the run, the final weights evaluated on it (``evaluate``) as ``pods-eval`` evaluates them
+(``pods.eval.run.evaluate_suite``), written to ``<run_dir>/eval/<suite>/``. A finished run whose suite was cut short
+(``missing``) runs the suite alone when its command is given again. ``pods.train`` calls these; the exit codes are
+its own (a ``ConfigError`` here: 2; a ``RuntimeError``: 1)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pods.errors import ConfigError
+from pods.schema import Root
+
+
+def rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def options(cfg: Root):
+    """How ``eval.suite`` generates: ``eval.suite_engine`` (a dense engine, whatever engine trained) on the run's device."""
+    from pods.eval.run import Options
+
+    return Options(engine=cfg.eval.suite_engine, device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+
+
+def suite_of(cfg: Root, machine: bool = True):
+    """``eval.suite`` composed and checked with the Hydra initialised here (the app, or preflight's context), and
+    (``machine``) its engine's package present: a bad name or override is one line before anything trains."""
+    if cfg.eval.suite is None:
+        return None
+    from pods.eval.benchmarks import compose_suite
+    from pods.eval.run import check_options
+
+    if machine:
+        check_options(options(cfg))
+    return compose_suite(cfg.eval.suite, cfg.eval.suite_overrides)
+
+
+def missing(bench, run_dir: str | Path) -> bool:
+    """A finished run whose end-of-run suite never finished (a job cut by its time limit during the suite): its
+    ``final/`` is there but not ``eval/<suite>/summary.json``. The same command again runs the suite only."""
+    run = Path(run_dir)
+    return bench is not None and (run / "final").is_dir() and not (run / "eval" / bench.name / "summary.json").exists()
+
+
+def prepare(cfg: Root) -> tuple | None:
+    """(suite, {benchmark: examples}) for the end of the run, composed and loaded before it trains (a missing file:
+    one line now, not after the run), on every rank (each evaluates a share); None without ``eval.suite``."""
+    bench = suite_of(cfg)
+    if bench is None:
+        return None
+    from pods.eval.run import load_suite, suite_prompt
+
+    return bench, load_suite(bench, suite_prompt(bench, cfg.model_dump()))
+
+
+def evaluate(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
+    """The end of the run on every rank: the process group destroyed (``pods.distributed.close``), then ``eval.suite``:
+    the final weights on the prepared suite (``pods.eval.run.evaluate_suite``, as ``pods-eval``), written to
+    ``<run_dir>/eval/<suite>/``: after several ranks or with vLLM each rank's share in a clean process, merged by
+    rank 0 (``pods.eval.shards``); one process with the HF engine evaluates here. A failure: ``ConfigError`` or
+    ``RuntimeError`` in one line naming the run."""
+    from pods.distributed import close
+    from pods.eval import shards
+
+    out = Path(run_dir) / "eval" / prepared[0].name if prepared else None
+    if out is not None and rank0():
+        shards.clear(out)  # before the barrier: no rank can read a share left by an earlier attempt
+    where = close()
+    if prepared is None or not (Path(run_dir) / "final").is_dir():
+        return
+    bench, data = prepared
+    how = options(cfg)
+    try:
+        if shards.clean_process(where[2], how):
+            summary = shards.evaluate_shared(bench, run_dir, how, data, out, where)
+        else:
+            from pods.eval.run import evaluate_suite
+            from pods.eval.weights import resolve
+
+            summary = evaluate_suite(bench, resolve(run_dir), how, out, data)
+    except ConfigError as e:
+        raise ConfigError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}") from None
+    except RuntimeError as e:
+        raise RuntimeError(f"eval.suite: the suite evaluation of {run_dir} failed: {e}") from None
+    if summary is not None:  # rank 0
+        print((out / "table.md").read_text())
+        print(f"-> {out}", flush=True)
