@@ -34,6 +34,10 @@ pytestmark = [pytest.mark.slow, needs_vllm_kernels]
 SERVER = ["rollout=vllm_server", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256", "rollout.server_timeout_s=60"]
 COLOCATED = ["rollout=vllm", "rollout.kv_cache_gib=0.0625", "rollout.max_model_len=256"]
 SAMPLED = {"temperature": 0.7, "max_tokens": 12, "seed": 7}
+# the sampler gap of a run against the stored one: float32 noise of the server's batched forwards, which depends on the
+# CPU (on an AVX-512 EPYC here, 2026-12-06: gap_max 2.3e-05 vs the stored 9.5e-06, on main before and after issue 42);
+# a missed push would put a whole update into it
+GAP_NOISE = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,7 @@ def test_staleness_0_run_attached_logs_what_the_loop_before_the_producer_logged(
     gap = ("sampler_gap", "sampler_gap_max")  # the server's log-probs: its batching may move the last bits
     for g, w in zip(got, want):
         assert {k: g.get(k) for k in w if k not in gap} == {k: v for k, v in w.items() if k not in gap}
-        assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
+        assert all(g[k] == pytest.approx(w[k], abs=GAP_NOISE) for k in gap if k in w)
     assert all(r["staleness_max"] == 0 for r in got if r["kind"] == "train")
     assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "5"  # start + 4 steps
 
@@ -160,7 +164,7 @@ def test_two_ranks_share_a_server_rank_0_pushes(served, tmp_path):
     gap = ("sampler_gap", "sampler_gap_max")  # the server's log-probs: its batching may move the last bits
     for g, w in zip(got, want):
         assert {k: g.get(k) for k in w if k not in gap} == {k: v for k, v in w.items() if k not in gap}
-        assert all(g[k] == pytest.approx(w[k], abs=1e-6) for k in gap if k in w)
+        assert all(g[k] == pytest.approx(w[k], abs=GAP_NOISE) for k in gap if k in w)
     assert served.servers.call(0, "GET", "/weight_info", "GET /weight_info")["weight_version"] == "4"  # start + 3 steps
 
 
