@@ -73,7 +73,8 @@ class Backend(Updater, ABC):
     which runs ``check``) or its ``Sections``; the backend keeps only the sections (``model_cfg``, ``hw``, ``alg``,
     ``optim_cfg``). ``collective_forward``: every forward is a collective over ranks (ZeRO-3), so ranks run them in
     lockstep. ``sharded``: its state is sharded over ranks (DeepSpeed), saved and loaded by its ``save_sharded``/
-    ``load_sharded``, which ``pods.checkpoint`` calls instead of ``state_dict``/``load_state_dict``."""
+    ``load_sharded``, which ``pods.checkpoint`` calls instead of ``state_dict``/``load_state_dict``; ``partition``
+    says over how many ranks and how (the memory estimate reads it)."""
 
     collective_forward: bool = False
     sharded: bool = False
@@ -89,6 +90,11 @@ class Backend(Updater, ABC):
         self.gap_check = cfg.gap
         self.norm_tokens = cfg.norm_tokens
         self.chunk_tokens = cfg.hardware.logprob_chunk_tokens  # rows per chunk of the loss's log-softmax
+
+    @classmethod
+    def partition(cls, hw: Hardware) -> tuple[int, int]:
+        """(ranks the training state is partitioned over, ZeRO stage: 0 = each rank holds all of it), for ``hw``."""
+        return 1, 0
 
     @classmethod
     def check(cls, cfg: Root) -> None:

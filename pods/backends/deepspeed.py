@@ -99,6 +99,10 @@ class DeepSpeedBackend(Backend):
 
     sharded = True  # pods.checkpoint saves and loads it by save_sharded / load_sharded
 
+    @classmethod
+    def partition(cls, hw) -> tuple[int, int]:
+        return int(hw.nproc_per_node), hw.deepspeed.stage
+
     def __init__(self, model_dir: str, cfg: Root | Sections):
         import deepspeed
         from deepspeed.accelerator import get_accelerator

@@ -68,14 +68,22 @@ def layer_saved_bytes(arch: dict, a: int, full: bool, lora: tuple[set, int] | No
     return b
 
 
+def partition(hw) -> tuple[int, int]:
+    """(ranks the training state is partitioned over, ZeRO stage; 0: not partitioned): the backend's answer
+    (``Backend.partition``; the backend's module is imported here, at the call, as the engines' are)."""
+    from pods.backends import BACKENDS
+
+    return BACKENDS.get(hw.backend).partition(hw)
+
+
 def state_lines(cfg, arch: dict) -> list[tuple[str, float, str]]:
     """(name, bytes per GPU, how) of what the trainer holds across micro-batches (``cfg``: the typed root): weights,
     the KL reference, gradients, optimizer state and ZeRO's buffers."""
     hw, opt = cfg.hardware, cfg.optim.name
     w, P, L, H = DTYPE_BYTES[hw.dtype], parameter_count(arch), arch["num_hidden_layers"], arch["hidden_size"]
     lora, quant = hw.finetune == "lora", cfg.model.quantization == "4bit"
-    ds = hw.backend == "deepspeed"
-    n, stage = (int(hw.nproc_per_node), hw.deepspeed.stage) if ds else (1, 0)
+    n, stage = partition(hw)
+    ds = stage > 0  # ZeRO: gradients and optimizer state partitioned
     zc = {**ZERO_DEFAULTS, **hw.deepspeed.config.get("zero_optimization", {})}
     out = []
     if quant:  # peft's prepare_model_for_kbit_training casts every non-quantised parameter to fp32
@@ -158,8 +166,9 @@ def step_temporaries(cfg, arch: dict) -> float:
     """Bytes the optimizer step adds on top of weights, gradients and state (activations are freed by then):
     DeepSpeed's fp32 gradient partition and AdamW's update temporaries; torch AdamW's foreach copies."""
     hw, P = cfg.hardware, parameter_count(arch)
-    if hw.backend == "deepspeed":
-        return 0.0 if hw.deepspeed.offload_optimizer else 8 * P / int(hw.nproc_per_node)
+    n, stage = partition(hw)
+    if stage:
+        return 0.0 if hw.deepspeed.offload_optimizer else 8 * P / n
     if cfg.optim.name != "adamw":
         return 0.0
     return lora_params(arch, hw) * 4 if hw.finetune == "lora" else P * DTYPE_BYTES[hw.dtype]
