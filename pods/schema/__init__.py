@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pods.errors import ConfigError
 from pods.schema.base import Pos  # noqa: F401 - the shared field type of a positive count, for sections outside this package
 from pods.schema.messages import explain, section_of
+from pods.schema.rollouts import ROLLOUTS
 from pods.schema.sections import (  # noqa: F401 - the sections are this package's public names
     SHAPES,
     Algorithm,
@@ -108,10 +109,7 @@ def nodes() -> dict[str, dict]:
         "dataset/_hub": HubDataset,
         "dataset/_toy": ToyDataset,
         "dataset/_toy_long": ToyLongDataset,
-        "rollout/_hf": HfRollout,
-        "rollout/_vllm": VllmRollout,
-        "rollout/_vllm_server": VllmServerRollout,
-        "rollout/_sparse_hf": SparseHfRollout,
+        **{f"rollout/_{name}": section for name, section in ROLLOUTS.items()},
         "hardware": Hardware,
         "algorithm": Algorithm,
         "logger/_none": NoLogger,

@@ -66,3 +66,8 @@ class SparseHfRollout(Section):
     compress_after: Annotated[int, Field(ge=0)] = 0  # no compression while the sequence is at most this long (release: 512)
     shared_set: bool = False  # one kept set for every layer, chosen by layer 0's scores (release) | one per layer
     pad: bool = False  # batch prompts of any length (left padding) | only prompts of equal length together
+
+
+# rollout.name -> its section: the schema's rollout shapes (``Root.rollout``, ``SHAPES``, the Hydra nodes) are read
+# from here, so an engine's section is one class and one line in this file
+ROLLOUTS: dict[str, type[Section]] = {"hf": HfRollout, "vllm": VllmRollout, "vllm_server": VllmServerRollout, "sparse_hf": SparseHfRollout}

@@ -6,7 +6,7 @@ from a composed plain dict.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
@@ -14,7 +14,7 @@ from pods.errors import need
 from pods.schema.algorithm import Algorithm, SparseRl  # noqa: F401 - re-exported: pods.schema names every section
 from pods.schema.base import Files, Frac, NonNegF, Pos, PosF, Section, where  # noqa: F401
 from pods.schema.hardware import DeepSpeed, Hardware, Lora, Slurm  # noqa: F401
-from pods.schema.rollouts import HfRollout, SparseHfRollout, VllmRollout, VllmServerRollout
+from pods.schema.rollouts import ROLLOUTS, HfRollout, SparseHfRollout, VllmRollout, VllmServerRollout  # noqa: F401 - re-exported
 
 
 class Sampling(Section):
@@ -151,12 +151,15 @@ class Wandb(Section):
     completions: Annotated[int, Field(ge=0)] = 8  # sampled completions per evaluation in the W&B table; 0 = none
 
 
+Rollout = Union[tuple(ROLLOUTS.values())]  # noqa: UP007 - one shape per engine (pods.schema.rollouts.ROLLOUTS)
+
+
 class Root(Section):
     is_root: ClassVar[bool] = True
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0  # NumPy takes 0..2**32 - 1; the run seeds seed + rank
     model: Model
     dataset: HubDataset | ToyLongDataset | ToyDataset
-    rollout: HfRollout | VllmRollout | VllmServerRollout | SparseHfRollout
+    rollout: Rollout
     hardware: Hardware
     algorithm: Algorithm
     logger: NoLogger | Wandb = NoLogger(name="none")
@@ -204,10 +207,7 @@ SHAPES: dict[str, dict[str, type[Section] | tuple[type[Section], ...]]] = {
         "*": (HubDataset, ToyDataset, ToyLongDataset),
     },
     "rollout": {
-        "hf": HfRollout,
-        "vllm": VllmRollout,
-        "vllm_server": VllmServerRollout,
-        "sparse_hf": SparseHfRollout,
+        **ROLLOUTS,
         "*": (HfRollout, VllmRollout, SparseHfRollout),
     },
     "logger": {"none": NoLogger, "wandb": Wandb, "*": (NoLogger, Wandb)},
