@@ -5,7 +5,8 @@ its own rollout section (``section``); ``policy`` is the live training module (e
 like HF, need no weight sync). It owns its rules (``check``, called by ``pods.config.validate`` before anything
 loads) and its memory model (``memory`` and ``memory_fixes``, called by ``pods.memory``). ``PolicyEngine`` is the
 base of the engines that sample with the training module. Adding an engine is one module, one
-``ENGINES.register_lazy`` line (with its ``EngineSpec``) and its config file (with its rollout section in the schema).
+``ENGINES.register_lazy`` line (with its ``EngineSpec``), its config file and its rollout section (a class and a
+``ROLLOUTS`` line in ``pods.schema.rollouts``).
 """
 
 from __future__ import annotations
