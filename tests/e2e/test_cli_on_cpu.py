@@ -1,5 +1,6 @@
 """The user-facing commands, run as a user would: `python -m pods.train` (single and multirun, with the end-of-run
-suite) and the demo."""
+suite) and the demo. The fast tier runs them in-process through their ``main(argv)`` (``support.doors``); the slow
+tests launch the real processes (the multirun: ``pods.train``'s; the demo: ``pods.demo``'s and ``pods.eval``'s)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import Ran, door
 
 SHORT = [
     "train.max_steps=2",
@@ -29,8 +31,13 @@ def run(args, **kw):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, **kw)
 
 
+def train(args: list[str]) -> Ran:
+    """``python -m pods.train ARGS``, in-process."""
+    return door("pods.train", args)
+
+
 def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
-    p = run(["-m", "pods.train", "algorithm=grpo_ga", "algorithm.n=8", "algorithm.m=4", *SHORT, f"hydra.run.dir={tmp_path}"])
+    p = train(["algorithm=grpo_ga", "algorithm.n=8", "algorithm.m=4", *SHORT, f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "config.json").exists() and (tmp_path / ".hydra" / "overrides.yaml").exists()
     assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2
@@ -45,8 +52,8 @@ TOY_SUITE = ["eval.suite=toy", "eval.suite_overrides=['suite.only=[toy_arith]','
 def test_train_with_eval_suite_evaluates_the_final_weights_at_the_end(tiny_dir, tmp_path):
     """The end-of-run suite composes inside the training's Hydra app (it used to exit 1 there: "GlobalHydra is already
     initialized") and writes <run_dir>/eval/toy/ from final/."""
-    args = ["-m", "pods.train", "algorithm.n=8", "algorithm.m=4", *SHORT, *TOY_SUITE, "train.checkpoint_at_end=weights"]
-    p = run([*args, f"hydra.run.dir={tmp_path}"])
+    args = ["algorithm.n=8", "algorithm.m=4", *SHORT, *TOY_SUITE, "train.checkpoint_at_end=weights"]
+    p = train([*args, f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
     out = tmp_path / "eval" / "toy"
     summary = json.loads((out / "summary.json").read_text())
@@ -67,7 +74,7 @@ def test_train_with_eval_suite_evaluates_the_final_weights_at_the_end(tiny_dir, 
     ],
 )
 def test_a_bad_eval_suite_fails_in_one_line_before_the_run(tmp_path, suite, message):
-    p = run(["-m", "pods.train", *suite, "train.checkpoint_at_end=weights", f"hydra.run.dir={tmp_path / 'run'}"])
+    p = train([*suite, "train.checkpoint_at_end=weights", f"hydra.run.dir={tmp_path / 'run'}"])
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr[-3000:]
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory, so before any model loaded
 

@@ -64,12 +64,13 @@ def exit_code(value) -> int:
 
 def door(command: str | Path, args: list, cwd: Path | str = ROOT, env: dict | None = None) -> Ran:
     """Run ``python -m COMMAND ARGS`` (``COMMAND`` a ``MAINS`` name) or ``python SCRIPT ARGS`` (a ``.py`` path) here,
-    in ``cwd`` with ``env`` added to the environment; an exception other than ``SystemExit`` propagates (where the
+    in ``cwd`` with ``env`` added to the environment (a None value: unset); an exception other than ``SystemExit`` propagates (where the
     process would have printed a traceback)."""
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
     with restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        for k, v in (env or {}).items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, str(v))
         os.chdir(cwd)
         try:
             if str(command).endswith(".py"):
