@@ -3,7 +3,8 @@ new interpreter (about 8 s of torch and transformers imports each): the entry po
 (``sys.exit``'s or the returned one, as the module's ``__main__`` passes it on), and what it printed.
 
 Each call leaves this process as it found it: ``sys.argv``, the working directory, the environment, Hydra's global
-state, the logging handlers a run adds (Hydra's console and ``train.log`` handlers, ``pods.log``'s own), torch's
+state, the logging handlers a run adds (Hydra's console and ``train.log`` handlers, ``pods.log``'s own; during the
+call the root logger has no handler, as in a new interpreter, not pytest's capturing one), torch's
 thread count, the RNG states and the signal handlers. One real-process test per entry point stays (``python(...)``
 in ``support/runs.py``, ``subprocess`` in the test files): this helper is for the fast tier's many cases.
 """
@@ -99,6 +100,9 @@ def restored():
     threads, rng = torch.get_num_threads(), (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
     handlers = {s: signal.getsignal(s) for s in SIGNALS}
     GlobalHydra.instance().clear()
+    root = logging.getLogger()  # as in a fresh interpreter: no root handler (not pytest's), so what nothing configured
+    root.handlers[:] = []  # reaches stderr (logging's last resort) and pods.log gives itself a stderr handler
+    root.setLevel(logging.WARNING)
     try:
         yield
     finally:
