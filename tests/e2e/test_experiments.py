@@ -345,7 +345,7 @@ def cpu_swap(exp: str) -> tuple[list[str], int]:
 
 
 def run_command_line(exp: str, run_dir, log) -> dict:
-    """The experiment through ``python -m pods.train``: in-process (``support.doors``) for one rank and the HF engine,
+    """The experiment through ``python -m pods.train``: in-process (``support.doors``) for one rank and an HF engine,
     torchrun for 2 ranks, a process of its own for a vLLM engine; its config.json."""
     from support.doors import door
     from support.harness import free_port, worker_env
@@ -355,7 +355,7 @@ def run_command_line(exp: str, run_dir, log) -> dict:
     if ranks > 1:
         start += ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_port())]
     cmd = [*start, "-m", "pods.train", f"experiment={exp}", *args, f"hydra.run.dir={run_dir}"]
-    if ranks == 1 and composed_once(f"experiment={exp}", *args)["rollout"]["name"] == "hf":
+    if ranks == 1 and not composed_once(f"experiment={exp}", *args)["rollout"]["name"].startswith("vllm"):
         p = door("pods.train", cmd[3:], env={"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None})  # no launcher's variables
     else:
         p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=900)
