@@ -1,6 +1,7 @@
 """The user-facing commands, run as a user would: `python -m pods.train` (single and multirun, with the end-of-run
 suite) and the demo. The fast tier runs them in-process through their ``main(argv)`` (``support.doors``); the slow
-tests launch the real processes (the multirun: ``pods.train``'s; the demo: ``pods.demo``'s and ``pods.eval``'s)."""
+tests launch the real processes (the multirun: ``pods.train``'s; the demo: ``pods.demo``'s, whose runs are processes
+of their own)."""
 
 from __future__ import annotations
 
@@ -137,17 +138,16 @@ def test_demo_writes_figure_csv_and_band_summary_and_keeps_weights_for_pods_eval
     assert "load average" in summary and "CPU caveat (GRPO 16/16, context)" in summary
     assert "load average" in (tmp_path / "load.txt").read_text()
     pods_run = tmp_path / "runs" / "demo_pods_cpu" / "seed0"
-    e = run(
+    e = door(  # in-process; the real process of pods.eval: tests/eval/test_eval_doors.py's offline hub case
+        "pods.eval",
         [
-            "-m",
-            "pods.eval",
             str(pods_run),
             "--suite",
             "toy",
             "suite.samples=1",
             "suite.benchmarks.toy_arith.size=4",
             "suite.only=[toy_arith]",
-        ]
+        ],
     )
     assert e.returncode == 0, e.stderr[-3000:]
     assert (pods_run / "eval" / "toy" / "summary.json").is_file()
