@@ -1,5 +1,11 @@
 """Test setup: offline hub/datasets/wandb, 2 torch threads that sleep when idle, pinned numerics, the session fixtures.
-The helpers tests import are in ``support/``."""
+The helpers tests import are in ``support/``.
+
+The tiers are markers, not folders (``distributed/`` and ``vllm_cpu/`` hold fast tests too): ``make test`` runs what is
+not ``slow``, ``slurm`` or ``gpu``; there a command (``python -m pods.train``, ``pods.eval``, ``pods.export``, a script)
+runs in-process through its ``main(argv)`` or as ``__main__`` (``support/doors.py``), and a run trains a few steps of
+the tiny model at most. Each command keeps one test of its real process, in the ``slow`` tier unless it is cheap (a console
+script whose imports are lazy, a script that loads no torch)."""
 
 from __future__ import annotations
 

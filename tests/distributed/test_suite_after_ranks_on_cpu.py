@@ -101,24 +101,23 @@ def test_a_share_gets_every_world_th_problem_and_a_clean_environment():
 @pytest.mark.slow
 def test_a_finished_run_whose_suite_was_cut_runs_only_the_suite_again(tiny_dir, tmp_path):
     """A job killed by its time limit during the suite: the same command again (train.resume=auto) finds the run
-    finished, final/ there and the suite's summary missing, and runs the suite alone (python -m pods.train, 1 process)."""
+    finished, final/ there and the suite's summary missing, and runs the suite alone (python -m pods.train, 1 process,
+    in-process here: ``support.doors``)."""
     import shutil
-    import subprocess
-    import sys
 
-    from support.config import ROOT
-    from support.harness import worker_env
+    from support.doors import door
 
     run = tmp_path / "run"
     single = [a for a in RUN if not a.startswith("hardware=")]
-    cmd = [sys.executable, "-m", "pods.train", *single, *SUITE_ARGS, "train.resume=auto", f"hydra.run.dir={run}"]
-    first = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=600)
+    args = [*single, *SUITE_ARGS, "train.resume=auto", f"hydra.run.dir={run}"]
+    env = {"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None}  # no launcher's variables
+    first = door("pods.train", args, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     metrics = (run / "metrics.jsonl").read_bytes()
     shutil.rmtree(run / "eval")
-    again = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=600)
+    again = door("pods.train", args, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (run / "eval" / "toy" / "summary.json").exists() and (run / "metrics.jsonl").read_bytes() == metrics
     assert "| toy_arith |" in again.stdout and "is finished" not in again.stdout
-    third = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=600)
+    third = door("pods.train", args, env=env)
     assert third.returncode == 0 and "is finished" in third.stdout  # suite there: nothing to do

@@ -26,6 +26,7 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import Ran, door
 from support.runs import MAIN_648D2CC_RUN, untimed
 
 ENGINES = {"hf": (["rollout=hf"], "main_rows_648d2cc.jsonl")}  # engine -> (overrides, main-branch rows or None)
@@ -36,9 +37,9 @@ def command(run_dir: Path, engine: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pods.train", *RUN, *ENGINES[engine][0], *extra, f"hydra.run.dir={run_dir}"]
 
 
-def train(run_dir: Path, engine: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(command(run_dir, engine, *extra), capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+def train(run_dir: Path, engine: str, *extra: str) -> Ran:
+    """``command(...)`` in-process (``support.doors``); the killed run below is a real process."""
+    p = door("pods.train", command(run_dir, engine, *extra)[3:])
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 

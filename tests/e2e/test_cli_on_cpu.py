@@ -1,5 +1,7 @@
 """The user-facing commands, run as a user would: `python -m pods.train` (single and multirun, with the end-of-run
-suite) and the demo."""
+suite) and the demo. The fast tier runs them in-process through their ``main(argv)`` (``support.doors``); the slow
+tests launch the real processes (the multirun: ``pods.train``'s; the demo: ``pods.demo``'s, whose runs are processes
+of their own)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import Ran, door
 
 SHORT = [
     "train.max_steps=2",
@@ -29,8 +32,13 @@ def run(args, **kw):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, **kw)
 
 
+def train(args: list[str]) -> Ran:
+    """``python -m pods.train ARGS``, in-process."""
+    return door("pods.train", args)
+
+
 def test_train_cli_writes_config_and_metrics(tiny_dir, tmp_path):
-    p = run(["-m", "pods.train", "algorithm=grpo_ga", "algorithm.n=8", "algorithm.m=4", *SHORT, f"hydra.run.dir={tmp_path}"])
+    p = train(["algorithm=grpo_ga", "algorithm.n=8", "algorithm.m=4", *SHORT, f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "config.json").exists() and (tmp_path / ".hydra" / "overrides.yaml").exists()
     assert len(read_metrics(tmp_path / "metrics.jsonl", "train")) == 2
@@ -45,8 +53,8 @@ TOY_SUITE = ["eval.suite=toy", "eval.suite_overrides=['suite.only=[toy_arith]','
 def test_train_with_eval_suite_evaluates_the_final_weights_at_the_end(tiny_dir, tmp_path):
     """The end-of-run suite composes inside the training's Hydra app (it used to exit 1 there: "GlobalHydra is already
     initialized") and writes <run_dir>/eval/toy/ from final/."""
-    args = ["-m", "pods.train", "algorithm.n=8", "algorithm.m=4", *SHORT, *TOY_SUITE, "train.checkpoint_at_end=weights"]
-    p = run([*args, f"hydra.run.dir={tmp_path}"])
+    args = ["algorithm.n=8", "algorithm.m=4", *SHORT, *TOY_SUITE, "train.checkpoint_at_end=weights"]
+    p = train([*args, f"hydra.run.dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-3000:]
     out = tmp_path / "eval" / "toy"
     summary = json.loads((out / "summary.json").read_text())
@@ -67,7 +75,7 @@ def test_train_with_eval_suite_evaluates_the_final_weights_at_the_end(tiny_dir, 
     ],
 )
 def test_a_bad_eval_suite_fails_in_one_line_before_the_run(tmp_path, suite, message):
-    p = run(["-m", "pods.train", *suite, "train.checkpoint_at_end=weights", f"hydra.run.dir={tmp_path / 'run'}"])
+    p = train([*suite, "train.checkpoint_at_end=weights", f"hydra.run.dir={tmp_path / 'run'}"])
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr[-3000:]
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory, so before any model loaded
 
@@ -130,17 +138,16 @@ def test_demo_writes_figure_csv_and_band_summary_and_keeps_weights_for_pods_eval
     assert "load average" in summary and "CPU caveat (GRPO 16/16, context)" in summary
     assert "load average" in (tmp_path / "load.txt").read_text()
     pods_run = tmp_path / "runs" / "demo_pods_cpu" / "seed0"
-    e = run(
+    e = door(  # in-process; the real process of pods.eval: tests/eval/test_eval_doors.py's offline hub case
+        "pods.eval",
         [
-            "-m",
-            "pods.eval",
             str(pods_run),
             "--suite",
             "toy",
             "suite.samples=1",
             "suite.benchmarks.toy_arith.size=4",
             "suite.only=[toy_arith]",
-        ]
+        ],
     )
     assert e.returncode == 0, e.stderr[-3000:]
     assert (pods_run / "eval" / "toy" / "summary.json").is_file()

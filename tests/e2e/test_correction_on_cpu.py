@@ -6,15 +6,13 @@ bit for bit the rows of a run of the main branch before the correction existed (
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import door
 
 # the settings of tests/support/main_rows_80732e7.jsonl (tests/e2e/test_dynamic_sampling_on_cpu.py)
 SHORT = ["algorithm.n=4", "algorithm.m=2", "train.time_budget_s=null", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null"]
@@ -23,8 +21,7 @@ TIMING = ("train_time", "t_")
 
 
 def train(run_dir: Path, *extra: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "pods.train", *SHORT, *STEPS, *extra, f"hydra.run.dir={run_dir}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    p = door("pods.train", [*SHORT, *STEPS, *extra, f"hydra.run.dir={run_dir}"])  # python -m pods.train, in-process
     assert p.returncode == 0, p.stderr[-3000:]
     return read_metrics(run_dir / "metrics.jsonl")
 

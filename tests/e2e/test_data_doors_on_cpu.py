@@ -4,20 +4,17 @@ empty dataset file, a file with the wrong columns: one line and exit code 2, bef
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from support.config import ROOT
+from support.doors import door
 
 GOOD = {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}
 
 
 def train(args):
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, "-m", "pods.train", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    """``python -m pods.train ARGS``, in-process (``support.doors``)."""
+    return door("pods.train", args)
 
 
 def one_line(p) -> str:

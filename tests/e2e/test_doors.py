@@ -1,6 +1,8 @@
 """Every door answers bad input in one line with exit code 2, before any work, and no command destroys its input or
 committed results (issue 35, cases 4, 5, 10-13): ``python -m pods.grade``, ``python -m pods.memory``,
-``python -m pods.train``'s output folder and ``scripts/*.py``, each run as its command."""
+``python -m pods.train``'s output folder and ``scripts/*.py``, each run in-process through its ``main(argv)`` or as
+``__main__`` (``support.doors``); the real processes of these commands are tested once each
+(``test_real_processes`` here and in ``unit/test_bad_inputs.py``, ``tasks/test_tasks_cli.py``)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,18 @@ from pathlib import Path
 import pytest
 
 from support.config import ROOT
+from support.doors import Ran, door
 
 SCRIPTS = ROOT / "scripts"
 
 
-def run(args: list, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # this checkout's pods, from any cwd
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+def run(args: list, cwd: Path = ROOT) -> Ran:
+    """``python -m MODULE ARGS`` or ``python SCRIPT ARGS`` (``args`` as the command line has them), in-process."""
+    command, rest = (args[1], args[2:]) if args[0] == "-m" else (args[0], args[1:])
+    return door(command, rest, cwd=cwd)
 
 
-def refused(p: subprocess.CompletedProcess, line: str) -> None:
+def refused(p: Ran, line: str) -> None:
     """Exit code 2 and ``line`` as stderr's last line, no traceback."""
     assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "Traceback" not in p.stderr, p.stderr
@@ -215,3 +219,31 @@ def test_gap_table_refuses_a_file_that_is_not_gap_rows(tmp_path, text, why):
     path = tmp_path / "gaps.jsonl"
     path.write_text(text)
     refused(run([SCRIPTS / "gap_table.py", path]), f"gap_table.py: error: {path}:{why}")
+
+
+@pytest.mark.slow
+def test_real_processes(tmp_path):
+    """Real processes, started together (the imports dominate), of the doors no other test launches:
+    ``python -m pods.memory`` (exit 3 when the run does not fit), ``scripts/sparse_rl_long.py`` and
+    ``scripts/eval_agreement.py`` (a refusal each: exit 2, one line)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # this checkout's pods, from any cwd
+    (tmp_path / "repo").mkdir()
+    commands = {
+        "memory": ["-m", "pods.memory", "experiment=gsm8k_qwen3b_pods_h100x8", "--card-gb", "10"],
+        "long": [SCRIPTS / "sparse_rl_long.py", "report", "--runs", tmp_path / "none", "--out", tmp_path / "long"],
+        "agreement": [SCRIPTS / "eval_agreement.py", "--authors-repo", tmp_path / "repo", "--out", tmp_path / "out"],
+    }
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, *map(str, a)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for k, a in commands.items()
+    }
+    done = {k: (p, *p.communicate(timeout=300)) for k, p in procs.items()}
+    p, out, err = done["memory"]
+    assert p.returncode == 3 and "of 10 GB: DOES NOT FIT" in out, err
+    for k in ("long", "agreement"):
+        p, out, err = done[k]
+        assert (
+            p.returncode == 2 and "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"{commands[k][0].name}: error: ")
+        ), err

@@ -19,6 +19,7 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import Ran, door
 
 SHORT = ["algorithm.n=4", "algorithm.m=2", "train.time_budget_s=null", "eval.max_examples=8", "eval.repeats=1", "eval.every_s=null"]
 REFILL = ["train.prompts_per_step=4", "train.group_filter=nonzero_std", "train.refill_batches=2", "train.max_steps=4"]
@@ -29,9 +30,9 @@ def command(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pods.train", *SHORT, *extra, f"hydra.run.dir={run_dir}"]
 
 
-def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(command(run_dir, *extra), capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+def train(run_dir: Path, *extra: str) -> Ran:
+    """``command(run_dir, *extra)`` in-process (``support.doors``); the killed run below is a real process."""
+    p = door("pods.train", command(run_dir, *extra)[3:])
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 

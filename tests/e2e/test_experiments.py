@@ -346,7 +346,9 @@ def cpu_swap(exp: str) -> tuple[list[str], int]:
 
 
 def run_command_line(exp: str, run_dir, log) -> dict:
-    """The experiment through ``python -m pods.train`` (torchrun for 2 ranks); its config.json."""
+    """The experiment through ``python -m pods.train``: in-process (``support.doors``) for one rank and an HF engine,
+    torchrun for 2 ranks, a process of its own for a vLLM engine; its config.json."""
+    from support.doors import door
     from support.harness import free_port, worker_env
 
     args, ranks = cpu_swap(exp)
@@ -354,7 +356,10 @@ def run_command_line(exp: str, run_dir, log) -> dict:
     if ranks > 1:
         start += ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_port())]
     cmd = [*start, "-m", "pods.train", f"experiment={exp}", *args, f"hydra.run.dir={run_dir}"]
-    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=900)
+    if ranks == 1 and not composed_once(f"experiment={exp}", *args)["rollout"]["name"].startswith("vllm"):
+        p = door("pods.train", cmd[3:], env={"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None})  # no launcher's variables
+    else:
+        p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=900)
     log.write_text(" ".join(cmd) + "\n" + p.stdout + "\n--- stderr ---\n" + p.stderr)
     assert p.returncode == 0, f"{exp}: exit {p.returncode}; log {log}\n{p.stderr[-3000:]}"
     return json.loads((run_dir / "config.json").read_text())

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from support.doors import door
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_figure1_cpu.py"
 
@@ -66,6 +68,6 @@ def test_per_step_view_grpo_vs_pods_on_the_tiny_model(tmp_path):
 
 
 def test_bad_rollouts_are_refused_before_any_model_loads(tmp_path):
-    proc = run("--rollouts", "8,16", "--out", str(tmp_path), timeout=60)
+    proc = door(SCRIPT, ["--rollouts", "8,16", "--out", tmp_path])  # in-process, as __main__ (support.doors); its process: above
     assert proc.returncode == 2 and "every n must be >= 16" in proc.stderr
     assert not any(tmp_path.iterdir())

@@ -5,14 +5,11 @@ a LoRA run, and from a copy of final/ outside its run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from support.config import ROOT
+from support.doors import door
 
 ONE_STEP = [
     "algorithm.n=8",
@@ -28,9 +25,9 @@ ONE_STEP = [
 TOY = ["--suite", "toy", "suite.only=[toy_arith]", "suite.benchmarks.toy_arith.size=8", "suite.samples=1", "suite.max_tokens=16"]
 
 
-def run(args, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, **kw)
+def run(args):
+    """``python -m MODULE ARGS``, in-process (``support.doors``)."""
+    return door(args[1], args[2:])
 
 
 def completions(out) -> list[str]:

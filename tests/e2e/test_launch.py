@@ -55,6 +55,7 @@ def test_unknown_launcher_is_refused_with_the_valid_ones(tmp_path):
         launch.launch([launch.Job(PRINT, tmp_path)], "ssh")
 
 
+@pytest.mark.slow  # a 2-step training run in submitit's job process (make test-all)
 def test_plain_submitit_runs_a_job_without_hydra_submitit_launcher(tiny_dir, tmp_path):
     """``launch(..., "submitit")`` with PODS_SUBMITIT_CLUSTER=local: submitit's own local executor starts the job as a
     subprocess, the job runs ``pods.train``; no process of the tree can import hydra-submitit-launcher."""

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from support.config import ROOT
+from support.doors import Ran, door
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import prefetch  # noqa: E402
@@ -79,8 +80,11 @@ def test_the_suite_overrides_compose_to_the_copies(tmp_path):
     assert suite.benchmarks["math500"].files == str(Split("HuggingFaceH4/MATH-500", None, "test").path(tmp_path))
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
+def run_script(*args: str, process: bool = False) -> subprocess.CompletedProcess | Ran:
+    """``scripts/prefetch.py ARGS`` offline: in-process as ``__main__`` (``support.doors``), or a real process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if not process:
+        return door(ROOT / "scripts" / "prefetch.py", list(args), env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "prefetch.py"), *args], capture_output=True, text=True, env=env, timeout=300
     )
@@ -100,7 +104,7 @@ def fake_model(root, shards: int) -> None:
 def test_offline_the_report_names_what_is_missing_until_it_is_there(tmp_path):
     import datasets
 
-    p = run_script("--dir", str(tmp_path), "--experiments", GSM8K_EXP)
+    p = run_script("--dir", str(tmp_path), "--experiments", GSM8K_EXP, process=True)
     assert p.returncode == 1 and "3 of 3 missing (offline" in p.stderr
     assert sum(line.startswith("MISSING") for line in p.stdout.splitlines()) == 3
     fake_model(tmp_path, shards=1)  # one shard of two: still missing

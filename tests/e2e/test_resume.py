@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,15 +16,17 @@ import pytest
 
 from pods.metrics import read_metrics
 from support.config import ROOT
+from support.doors import Ran, door
 from support.runs import TINY_STEPS
 
 SHORT = [*TINY_STEPS, "train.prompts_per_step=1"]
 TIMING = ("train_time", "t_")  # keys whose values are seconds measured by the clock: the only ones a resume may change
 
 
-def run(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+def run(args: list[str], cwd: Path = ROOT) -> Ran:
+    """``python -m MODULE ARGS`` or ``python SCRIPT ARGS``, in-process (``support.doors``)."""
+    command, rest = (args[1], args[2:]) if args[0] == "-m" else (args[0], args[1:])
+    return door(command, rest, cwd=cwd)
 
 
 def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -37,7 +38,7 @@ def snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def one_line(p: subprocess.CompletedProcess) -> str:
+def one_line(p: Ran) -> str:
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     return lines[0]

@@ -1,4 +1,5 @@
-"""``scripts/``: the user-facing scripts run as their commands.
+"""``scripts/``: the user-facing scripts run as their commands (each once as a real process, its other cases in-process
+as ``__main__``: ``support.doors``).
 
 ``scripts/compare_runs.py`` on hand-made run directories: B has A's accuracy at every step but its steps cost half
 the seconds, so B reaches 99% of A's best 2x sooner by time and at the same step, and the band metric says 2x and 1x
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from support.doors import Ran, door
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE = ROOT / "scripts" / "compare_runs.py"
@@ -33,7 +36,10 @@ def write_run(path: Path, accs: list[float], dt: float, n: int) -> Path:
     return path
 
 
-def compare(*args) -> subprocess.CompletedProcess:
+def compare(*args, process: bool = False) -> subprocess.CompletedProcess | Ran:
+    """``python scripts/compare_runs.py ARGS``: a real process, or in-process as ``__main__`` (``support.doors``)."""
+    if not process:
+        return door(COMPARE, list(args))
     return subprocess.run([sys.executable, str(COMPARE), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
@@ -41,7 +47,7 @@ def test_compare_runs_prints_costs_curves_and_speedups(tmp_path):
     a = write_run(tmp_path / "grpo", [0.2, 0.5, 0.6], dt=1.0, n=16)
     for seed in (1, 2):  # the same curve twice: the mean is that curve
         write_run(tmp_path / "pods" / f"seed{seed}", [0.2, 0.5, 0.6], dt=0.5, n=64)
-    p = compare(a, tmp_path / "pods", "--csv", tmp_path / "t.csv")
+    p = compare(a, tmp_path / "pods", "--csv", tmp_path / "t.csv", process=True)
     assert p.returncode == 0, p.stderr
     assert "A: " in p.stdout and "(GRPO 16/16; 1 run): 8 steps, 1.000 s/step; accuracy 0.200 at start, best 0.600" in p.stdout
     assert "(PODS 64→16; 2 runs): 8 steps, 0.500 s/step" in p.stdout
@@ -96,12 +102,7 @@ def test_sparse_rl_toy_report_summarises_runs_per_arm_and_seed(tmp_path):
     assert float(got["kv_saving"]) == pytest.approx(0.3) and rows[("dense", "0")]["kv_saving"] == ""
     assert "| Sparse-RL | 2 +- 0 | 0.100 -> 0.300 +- 0.000 | 0.450 | 20.0% | 10.000% |" in run.stdout
     assert (out / "sparse_rl_s1.metrics.jsonl").read_text() == (runs / "sparse_rl_s1" / "metrics.jsonl").read_text()
-    empty = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sparse_rl_toy.py"), "report", "--runs", str(tmp_path / "none"), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    empty = door(ROOT / "scripts" / "sparse_rl_toy.py", ["report", "--runs", tmp_path / "none", "--out", out])  # in-process
     assert empty.returncode == 2 and "no finished runs" in empty.stderr.strip().splitlines()[-1]
 
 
@@ -118,10 +119,12 @@ def test_gap_table_joins_the_isas_and_fails_when_a_gap_reaches_its_tolerance(tmp
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         return path
 
-    def table(*args) -> subprocess.CompletedProcess:
+    def table(*args, process: bool = False) -> subprocess.CompletedProcess | Ran:
+        if not process:
+            return door(script, list(args))  # in-process, as __main__ (support.doors)
         return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=60)
 
-    ok = table(gaps("AVX2", [1e-6, 2e-6]), gaps("DEFAULT", [5e-6]))
+    ok = table(gaps("AVX2", [1e-6, 2e-6]), gaps("DEFAULT", [5e-6]), process=True)
     assert ok.returncode == 0, ok.stderr
     assert "| test_x.py | test_a | w | 1e-04 | 5.0e-06 | 2.0e-06 | 20x |" in ok.stdout  # DEFAULT before AVX2; the largest per ISA
     per = table("--per-test", tmp_path / "gaps-AVX2.jsonl")

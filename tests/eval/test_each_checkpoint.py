@@ -2,7 +2,8 @@
 ``python -m pods.train``): one summary per checkpoint, each the same as ``pods-eval RUN --checkpoint FILE`` gives for
 that checkpoint alone, a curve (CSV rows = the summaries, PNG) over them; a rerun evaluates nothing again; the points
 (final/ included when no checkpoint holds its step); bad input in one line and exit 2; (slow) one job per checkpoint
-through pods.launch's submitit launcher, as local processes (the real SLURM: tests/slurm/test_slurm_eval.py)."""
+through pods.launch's submitit launcher, as local processes (the real SLURM: tests/slurm/test_slurm_eval.py). The
+run trains and ``pods-eval`` runs in-process (``support.doors``), but for the submitit launcher's real processes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.doors import Ran, door
 from support.runs import python, train_run
 
 SUITE = ["--suite", "toy", "suite.only=[toy_arith]", "suite.benchmarks.toy_arith.size=6", "suite.samples=2", "suite.max_tokens=12"]
@@ -21,6 +23,11 @@ SUITE = ["--suite", "toy", "suite.only=[toy_arith]", "suite.benchmarks.toy_arith
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     return train_run(tmp_path_factory.mktemp("each") / "run", "lora")
+
+
+def pods_eval(args: list[str]) -> Ran:
+    """``python -m pods.eval ARGS``, in-process."""
+    return door("pods.eval", args)
 
 
 def summaries(root: Path) -> dict[str, dict]:
@@ -37,7 +44,7 @@ def completions(out: Path) -> list[str]:
 
 def test_each_checkpoint_one_summary_each_and_a_curve_over_them(run, tmp_path):
     out = tmp_path / "out"
-    p = python(["-m", "pods.eval", "--each-checkpoint", str(run), *SUITE, "--out", str(out)])
+    p = pods_eval(["--each-checkpoint", str(run), *SUITE, "--out", str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     root = out / "eval" / "toy"
     got = summaries(root)
@@ -52,12 +59,12 @@ def test_each_checkpoint_one_summary_each_and_a_curve_over_them(run, tmp_path):
     assert (root / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
     alone = tmp_path / "alone"  # the same checkpoint evaluated on its own: the same completions
-    p = python(["-m", "pods.eval", str(run), *SUITE, "--checkpoint", "step_000002.pt", "--out", str(alone)])
+    p = pods_eval([str(run), *SUITE, "--checkpoint", "step_000002.pt", "--out", str(alone)])
     assert p.returncode == 0, p.stderr[-3000:]
     assert completions(root / "checkpoints" / "step_000002") == completions(alone / "eval" / "toy")
 
     before = {f: f.stat().st_mtime_ns for f in root.rglob("summary.json")}
-    p = python(["-m", "pods.eval", "--each-checkpoint", str(run), *SUITE, "--out", str(out)])
+    p = pods_eval(["--each-checkpoint", str(run), *SUITE, "--out", str(out)])
     assert p.returncode == 0 and p.stdout.count("evaluated already") == 3, p.stdout[-2000:]
     assert before == {f: f.stat().st_mtime_ns for f in root.rglob("summary.json")}
 
@@ -80,7 +87,7 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
         ([str(run), "--checkpoint", "step_000009"], "--checkpoint: step_000009 is not a checkpoint of"),
     ]
     for args, message in cases:
-        p = python(["-m", "pods.eval", "--each-checkpoint", *args, *SUITE, "--out", str(tmp_path / "o")])
+        p = pods_eval(["--each-checkpoint", *args, *SUITE, "--out", str(tmp_path / "o")])
         err = p.stderr.strip()
         assert p.returncode == 2 and message in err and "\n" not in err, err
     assert not (tmp_path / "o").exists()
@@ -108,7 +115,7 @@ def test_a_corrupt_checkpoint_is_one_line_the_others_are_evaluated_and_exit_1(ru
     copy = tmp_path / "copy"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
     (copy / "checkpoints" / "step_000002.pt").write_bytes(b"not a checkpoint")
-    p = python(["-m", "pods.eval", "--each-checkpoint", str(copy), *SUITE])
+    p = pods_eval(["--each-checkpoint", str(copy), *SUITE])
     assert p.returncode == 1, p.stderr[-3000:]
     assert "pods-eval: step_000002: --checkpoint:" in p.stderr and "not evaluated: step_000002" in p.stderr
     root = copy / "eval" / "toy"

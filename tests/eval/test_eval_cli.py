@@ -14,6 +14,7 @@ import pytest
 
 from pods.eval.cli import main
 from pods.tasks.toy import grade_toy
+from support.doors import door
 from support.harness import needs_vllm_kernels
 
 SMALL = ["suite.benchmarks.toy_arith.size=4", "suite.benchmarks.toy_long.size=3", "suite.max_tokens=16"]
@@ -119,10 +120,12 @@ def test_run_dir_without_weights_and_offline_hub_id_exit_2(tmp_path, capsys, mon
 
 @pytest.mark.parametrize("command", [["-m", "pods.eval"], ["pods-eval"]])
 def test_the_command_without_arguments_requires_only_the_model(command):
-    """``python -m pods.eval`` and the ``pods-eval`` entry point (pyproject: pods.eval.cli:main); the optional
-    overrides are not named as missing."""
-    exe = [sys.executable, *command] if command[0] == "-m" else [str(Path(sys.executable).parent / command[0])]
-    p = subprocess.run(exe, capture_output=True, text=True, timeout=120)
+    """``python -m pods.eval`` (in-process, ``support.doors``) and the ``pods-eval`` entry point (pyproject:
+    pods.eval.cli:main; a real process); the optional overrides are not named as missing."""
+    if command[0] == "-m":
+        p = door(command[1], [])
+    else:
+        p = subprocess.run([str(Path(sys.executable).parent / command[0])], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "the following argument is required: MODEL" in p.stderr, p.stderr
     assert "overrides" not in p.stderr and "usage: pods-eval MODEL [suite.KEY=VALUE ...]" in p.stderr
 

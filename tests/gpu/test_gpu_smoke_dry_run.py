@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from support.config import ROOT
+from support.doors import door
 
 SMOKE = ROOT / "scripts" / "gpu_smoke.sh"
 ORDER = ["env", "zero3_train", "zero3_resume", "lora4bit_merge", "lora4bit_train", "pytest_gpu", "bench_gpu_small"]
@@ -67,7 +68,7 @@ def test_the_checks_refuse_in_one_line_without_cuda():
     assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
         f"gpu_smoke_checks.py: error: triton needs a CUDA device (torch {torch.__version__} sees none)"
     )
-    done = subprocess.run([*checks, "steps", "/nonexistent/run", "2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = door(ROOT / "scripts" / "gpu_smoke_checks.py", ["steps", "/nonexistent/run", "2"])  # in-process, as __main__
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
         "/nonexistent/run: no metrics.jsonl (the run did not start, or this is not a run directory)"
     )

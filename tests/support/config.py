@@ -13,6 +13,37 @@ CONF = ROOT / "conf"
 from pods.schema import register  # noqa: E402
 
 register()  # the `_schema` and `<group>/_<shape>` nodes the YAML files build on
+
+
+def compose_each_once() -> None:
+    """``pods.compose.compose_plain`` memoised for this test process: one command line (overrides, config, job name,
+    and the ``PODS_``/``SLURM_``/``WORLD_SIZE`` variables the tree reads) is composed by Hydra once (0.2-0.4 s each;
+    several tests compose every experiment file), and each caller gets its own deep copy. Every caller imports the
+    function when it calls it (``pods.figures``, ``pods.launch``, ``scripts/prefetch.py``, ``scripts/tiny_model.py``,
+    ``compose`` below), so they all get the memo; ``conf/`` is not written while the tests run."""
+    import copy
+    import functools
+
+    from pods import compose as module
+
+    if getattr(module.compose_plain, "memoised", False):
+        return
+    plain = module.compose_plain
+
+    @functools.cache
+    def once(overrides: tuple, config_name: str, job_name: str, env: tuple) -> dict:
+        return plain(list(overrides), config_name=config_name, job_name=job_name)
+
+    def compose_plain(overrides: list[str] | None = None, config_name: str = "config", job_name: str = "pods") -> dict:
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("PODS_", "SLURM_", "WORLD_SIZE"))))
+        return copy.deepcopy(once(tuple(overrides or []), config_name, job_name, env))
+
+    compose_plain.memoised = True
+    compose_plain.__doc__ = plain.__doc__
+    module.compose_plain = compose_plain
+
+
+compose_each_once()
 SHARED = Path(os.environ.get("PODS_SHARED", ROOT.parent / "shared"))
 # the required keys of a whole algorithm section (GRPO, n = m = 2): ``complete(Algorithm, ALGORITHM, key=value)``
 ALGORITHM = {"name": "grpo", "n": 2, "m": 2, "rule": "all"}

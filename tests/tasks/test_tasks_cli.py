@@ -1,4 +1,5 @@
-"""``python -m pods.grade`` as a subprocess: streams a jsonl, skips malformed rows by line number, exit codes."""
+"""``python -m pods.grade``: streams a jsonl, skips malformed rows by line number, exit codes. The first test runs it
+as a real process (the command's one); the others in-process through ``pods.grade.main(argv)`` (``support.doors``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from support.doors import Ran, door
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,9 +22,11 @@ ROWS = [
 ]
 
 
-def _run(*args: str, rows=ROWS, tmp_path: Path) -> subprocess.CompletedProcess:
+def _run(*args: str, rows=ROWS, tmp_path: Path, process: bool = False) -> subprocess.CompletedProcess | Ran:
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    if not process:
+        return door("pods.grade", list(args))
     return subprocess.run([sys.executable, "-m", "pods.grade", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
@@ -43,6 +48,7 @@ def test_cli_grades_reports_malformed_rows_and_summarises(tmp_path):
         "5",
         rows=rows,
         tmp_path=tmp_path,
+        process=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert "in.jsonl:3: malformed row skipped: invalid JSON" in proc.stderr

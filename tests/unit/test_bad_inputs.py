@@ -148,6 +148,7 @@ def test_multirun_checks_every_job_before_launching(cli, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # 3 interpreters at ~8 s of imports each; the cases above are the same rows in-process
 def test_real_processes(tmp_path):
     """The same rows as real ``python -m pods.train`` processes (started together: the imports dominate)."""
     rows = [TABLE[0], TABLE[5], TABLE[20]]

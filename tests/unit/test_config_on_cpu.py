@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from pods.config import ConfigError, validate
-from support.config import CONF, ROOT, compose, shrink
+from support.config import CONF, compose, shrink
+from support.doors import door
 
 GROUPS = ["model", "dataset", "hardware", "rollout", "algorithm", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
@@ -88,9 +87,7 @@ def test_bad_config_fails_before_any_model_load(overrides, key, monkeypatch):
 
 def test_cli_bad_config_exits_2_fast_with_the_key():
     t = time.time()
-    p = subprocess.run(
-        [sys.executable, "-m", "pods.train", "algorithm.m=1000", "hydra.run.dir=/tmp/pods-bad"], capture_output=True, text=True, cwd=ROOT
-    )
+    p = door("pods.train", ["algorithm.m=1000", "hydra.run.dir=/tmp/pods-bad"])  # in-process (support.doors)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "algorithm.m (1000) must be <= algorithm.n" in p.stderr
     assert "Traceback" not in p.stderr

@@ -40,16 +40,12 @@ def test_an_option_added_since_the_run_is_not_a_difference():
 
 
 def test_the_command_stops_in_one_line_before_any_run_starts(tmp_path):
-    import subprocess
-    import sys
-
-    from support.config import ROOT
+    from support.doors import door
 
     runs = tmp_path / "out" / "runs" / "toy_grpo_16_16_cpu"
     runs.mkdir(parents=True)
     finished_run(runs, ["train.max_steps=7"])
-    cmd = [sys.executable, "-m", "pods.demo", "reproduce", "--out", str(tmp_path / "out"), "--seeds", "4"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = door("pods.demo", ["reproduce", "--out", tmp_path / "out", "--seeds", "4"])  # python -m pods.demo, in-process
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().count("\n") == 0 and "train.max_steps" in r.stderr
     assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == ["toy_grpo_16_16_cpu"]  # no other arm started

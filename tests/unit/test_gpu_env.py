@@ -50,9 +50,11 @@ def test_a_cuda_vllm_run_without_a_compiler_is_refused_in_one_line(monkeypatch):
 
 
 # ---- torch with CUDA, and which python runs GPU jobs --------------------------------------------------------------
-def test_the_cpu_venv_is_refused_for_gpu_work():
-    p = subprocess.run([str(VENV_PY), "-m", "pods.gpu_env"], capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 1 and "is a CPU build (no CUDA)" in p.stdout and "torch 2.13.0+cpu" in p.stdout
+def test_the_cpu_venv_is_refused_for_gpu_work(capsys):
+    """``python -m pods.gpu_env`` in-process (its ``main``); the venv's real process: through slurm/common.sh below
+    (test_a_gpu_node_refuses_the_cpu_venv_named_as_gpu_py) and ``make gpu-check GPU_PY=.venv/bin/python``."""
+    code, out = gpu_env.main(), capsys.readouterr().out
+    assert code == 1 and "is a CPU build (no CUDA)" in out and "torch 2.13.0+cpu" in out
 
 
 def test_driver_advice_names_the_minimum_driver():

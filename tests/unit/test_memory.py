@@ -229,13 +229,14 @@ def test_every_gpu_experiment_fits_its_card():
 
 
 def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
-    """``python -m pods.train`` with the L40S experiment at 64 sequences per micro-batch: exit 2, one line naming
+    """``python -m pods.train`` (in-process) with the L40S experiment at 64 sequences per micro-batch: exit 2, one line naming
     hardware.micro_batch_size with the estimate, the card and the size that fits, before any model loads (the model
     directory holds only Qwen2.5-3B-Instruct's config.json) and with no run directory left. The named size fits
     and one more does not."""
     from pods.architectures import ARCHITECTURES
     from pods.errors import ConfigError
     from pods.memory.estimator import check_fits, estimate
+    from support.doors import door
 
     model = tmp_path / "models" / "Qwen2.5-3B-Instruct"
     model.mkdir(parents=True)
@@ -248,8 +249,7 @@ def test_a_cuda_run_that_cannot_fit_is_refused_by_the_cli(tmp_path):
     ]
     run = tmp_path / "run"
     run.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "pods.train", *overrides], cwd=run, env=env, capture_output=True, text=True, timeout=300)
+    p = door("pods.train", overrides, cwd=run, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})  # in-process (support.doors)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
     assert lines[0].startswith("pods: config error: hardware.micro_batch_size=64 (64 x 1024 tokens) needs about "), lines[0]

@@ -18,6 +18,7 @@ import torch
 
 from pods.schema import check
 from support.config import ROOT, compose, shrink
+from support.doors import door
 from support.harness import VLLM_ENGINE as ENGINE
 from support.harness import max_gap, needs_vllm_kernels, torchrun, within, worker_env
 
@@ -336,8 +337,8 @@ def test_hydra_multirun_of_an_8gpu_experiment_is_refused(tmp_path):
     """``python -m pods.train -m experiment=gsm8k_qwen3b_pods_h100x8 seed=1,2`` (Hydra's own single-process launcher;
     the submitit launcher starts the same single process per job): exit 2 with one line naming
     slurm/run_8gpu.sbatch, before any model loads (before: it trained on 1 of the 8 GPUs without a word)."""
-    cmd = [sys.executable, "-m", "pods.train", "-m", "experiment=gsm8k_qwen3b_pods_h100x8", "seed=1,2", f"hydra.sweep.dir={tmp_path}"]
-    p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+    args = ["-m", "experiment=gsm8k_qwen3b_pods_h100x8", "seed=1,2", f"hydra.sweep.dir={tmp_path}"]
+    p = door("pods.train", args, env={"WORLD_SIZE": None, "RANK": None, "LOCAL_RANK": None})  # in-process, no launcher
     assert p.returncode == 2, p.stderr[-2000:]
     assert "slurm/run_8gpu.sbatch" in p.stderr and "hardware.nproc_per_node=8" in p.stderr and "Traceback" not in p.stderr
 
