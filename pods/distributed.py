@@ -165,7 +165,7 @@ def init(hw: Hardware) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not hw.dist_backend:
         raise ConfigError(
-            f"launched as {world} processes but hardware={hw.get('name')} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)"
+            f"launched as {world} processes but hardware={hw.name} trains in one: use a multi-process profile (hardware=cpu_ddp2_zero3, ...)"
         )
     if not hw.dist_backend:
         return Dist()

@@ -23,13 +23,13 @@ _TRUE = {"1", "true", "yes", "on"}
 def load_split(ds, split: str) -> tuple[list[dict], str]:
     """(records, where they came from) for split "train" or "test" of the dataset section ``ds``; ([], "none") if
     neither is set."""
-    files = ds.get(f"{split}_files")
+    files = getattr(ds, f"{split}_files")
     if files:
         return load_files(files, key=f"dataset.{split}_files"), f"files:{files}"
-    hub = ds.get(f"{split}_hub")
+    hub = getattr(ds, f"{split}_hub")
     if not hub:
         return [], "none"
-    return load_hub(hub, split, name=ds.get("name")), f"hub:{hub['id']}"
+    return load_hub(hub.model_dump(), split, name=ds.name), f"hub:{hub.id}"
 
 
 def load_files(files, key: str) -> list[dict]:
@@ -117,8 +117,8 @@ def build_split(records: list[dict], ds, split: str, question_fields: tuple[str,
     """Records -> Examples with the configured prompt format; ``{split}_size`` keeps the first N."""
     from pods.tasks.prompts import PROMPTS
 
-    prompt = PROMPTS.get(ds.get("prompt_format"))
-    limit, name = ds.get(f"{split}_size"), ds.get("name")
+    prompt = PROMPTS.get(ds.prompt_format)
+    limit, name = getattr(ds, f"{split}_size"), ds.name
     out = []
     for i, rec in enumerate(records[: int(limit)] if limit else records):
         where = f"dataset '{name}' {split} record {i}"

@@ -61,6 +61,6 @@ def build_simplerl(ds) -> TaskData:
     splits, sources = {}, {}
     for split in ("train", "test"):
         records, sources[split] = load_split(ds, split)
-        records = [{**r, "question": _question(r, f"dataset '{ds.get('name')}' {split} record {i}")} for i, r in enumerate(records)]
+        records = [{**r, "question": _question(r, f"dataset '{ds.name}' {split} record {i}")} for i, r in enumerate(records)]
         splits[split] = build_split(records, ds, split, ("question",), simplerl_gold)
     return TaskData(train=splits["train"], test=splits["test"], meta={"source": sources})

@@ -138,11 +138,13 @@ def test_every_math_gold_solution_is_correct_and_a_changed_answer_is_not(math_ro
 # ---- loading ------------------------------------------------------------------------------------------
 
 
-def _cfg(name: str, **overrides) -> dict:
-    """The dataset section as a run composes it (the schema's defaults under the YAML), with overrides."""
+def _cfg(name: str, **overrides):
+    """The dataset section as a run composes it (the schema's defaults under the YAML), with overrides, validated as
+    the run's (a builder reads a section's attributes)."""
+    from pods.schema import HubDataset
     from support.config import compose
 
-    return {**compose([f"dataset={name}"])["dataset"], **overrides}
+    return HubDataset.of({**compose([f"dataset={name}"])["dataset"], **overrides})
 
 
 def test_gsm8k_loads_from_local_jsonl_with_the_datasets_loader(shared):
