@@ -178,7 +178,7 @@ def test_sync_into_engine_process(tiny_dir, tok, prompts):
     from pods.engines import ENGINES, Sampling
 
     backend, cfg = backend_for(tiny_dir, ["hardware.finetune=lora", "rollout.multiprocessing=true"])
-    eng = ENGINES.get("vllm")(tiny_dir, tok, cfg["rollout"])
+    eng = ENGINES.get("vllm")(tiny_dir, tok, cfg.rollout)
     try:
         ro = eng.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=12))
         batch = build_batch(
