@@ -24,7 +24,7 @@ def d3s_step(backend, cfg, dist, rows: slice) -> dict:
     from pods import tokens
 
     batch = fixed_batch(3).rows(rows.start, rows.stop)
-    metrics = tokens.apply(batch, backend, cfg["algorithm"], PROGRESS, dist)
+    metrics = tokens.apply(batch, backend, cfg.algorithm, PROGRESS, dist)
     stats = dist.reduce_metrics(backend.update(batch, LR))
     return {"metrics": metrics, "stats": [stats], "rows": {"mask": batch.loss_mask}}
 

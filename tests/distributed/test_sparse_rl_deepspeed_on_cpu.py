@@ -39,7 +39,7 @@ def sparse_rl_step(backend, cfg, dist, rows: slice) -> dict:
 
     batch = fixed_batch(3).rows(rows.start, rows.stop)
     perturb(batch, backend, rows)
-    metrics = tokens.apply(batch, backend, cfg["algorithm"], 0.0, dist)
+    metrics = tokens.apply(batch, backend, cfg.algorithm, 0.0, dist)
     stats = dist.reduce_metrics(backend.update(batch, LR))
     return {"metrics": metrics, "stats": [stats], "rows": {"mask": batch.loss_mask, "tw": batch.token_weights}}
 
