@@ -101,7 +101,7 @@ def measure_steps(rollouts: list[int], repeats: int, log=print) -> list[dict]:
     loss_keys = [{k: v for k, v in c.algorithm.model_dump().items() if k not in strip} for c in cfgs.values()]
     assert all(k == loss_keys[0] for k in loss_keys), "the arms' configs differ beyond n, m and rule: one backend cannot serve both"
     built = build(cfgs[("GRPO", rollouts[0])])
-    G, micro = cfgs[("GRPO", rollouts[0])]["train"]["prompts_per_step"], built[0].micro_batch_size
+    G, micro = cfgs[("GRPO", rollouts[0])].train.prompts_per_step, built[0].micro_batch_size
     for arm in ARMS:  # warm-up: first-call allocations, the optimizer state
         one_step(cfgs[(arm, rollouts[0])], built, list(range(G)), 0)
     rows = []
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     bench_gpu.write_csv(out_dir / "step_summary.csv", summary)
     load1 = uptime()
     upd = read_csv(out_dir / "update.csv") if (out_dir / "update.csv").exists() else []
-    cap = arm_config("GRPO", a.rollouts[0])["hardware"]["micro_batch_size"]
+    cap = arm_config("GRPO", a.rollouts[0]).hardware.micro_batch_size
     title = f"cpu, the warm-started tiny model on the toy task; load average {load1.split('load average: ')[-1]}"
     figure(summary, upd, out_dir / "figure1_step.png", title, cap)
     text = step_table(summary) + (

@@ -123,6 +123,7 @@ def test_offline_the_report_names_what_is_missing_until_it_is_there(tmp_path):
 def test_a_run_on_the_copies_reads_them_offline(tmp_path, monkeypatch):
     import datasets
 
+    from pods.schema import HubDataset
     from pods.tasks.hub import load_split
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -130,7 +131,7 @@ def test_a_run_on_the_copies_reads_them_offline(tmp_path, monkeypatch):
         prefetch.export_split(datasets.Dataset.from_list(GSM8K_ROWS), Split("openai/gsm8k", "main", split).path(tmp_path))
     line = run_script("--dir", str(tmp_path), "--args", GSM8K_EXP).stdout.strip()
     cfg = compose_plain([f"experiment={GSM8K_EXP}", *shlex.split(line)])
-    records, where = load_split(cfg["dataset"], "train")
+    records, where = load_split(HubDataset.of(cfg["dataset"]), "train")  # the section a run reads
     assert records == GSM8K_ROWS and where.startswith("files:")
 
 
