@@ -90,9 +90,9 @@ class Run:
         self.engine = ENGINES.get(cfg.rollout.name)(self.model_dir, self.tok, cfg.rollout, policy=self.backend.policy)
         np.random.seed(cfg.seed + self.dist.rank)  # vLLM's GPU runner seeds each unseeded request from NumPy's global RNG
         t = cfg.train
-        self.sampler = PromptSampler(len(self.train_ids), t.prompts_per_step, cfg.seed, self.dist.rank, self.dist.world, t.group_repeats)
+        sampler = PromptSampler(len(self.train_ids), t.prompts_per_step, cfg.seed, self.dist.rank, self.dist.world, t.group_repeats)
         gen = torch.Generator().manual_seed(cfg.seed + self.dist.rank)  # the random down-sampling rule's stream
-        self.source = Source(self.sampler, self.train_ids, [ex.gold for ex in train_ex], gen)
+        self.source = Source(sampler, self.train_ids, [ex.gold for ex in train_ex], gen)
         self.generation = Generation(cfg, self.engine, self.dist, self.backend.micro_batch_size)
         self.trainer = Trainer(cfg, self.backend, self.tok.pad_token_id, self.dist, self.engine)
         self.state, self.ckpt_dir = LoopState(), self.run_dir / "checkpoints"
@@ -108,7 +108,7 @@ class Run:
         resume = self.cfg.train.resume
         path = checkpoint.latest(self.ckpt_dir) if resume == "auto" else Path(resume) if resume else None
         if path is not None:
-            loop, extra = checkpoint.load(path, self.backend, self.sampler, self.dist)
+            loop, extra = checkpoint.load(path, self.backend, self.source.sampler, self.dist)
             self.state = LoopState(**loop)
             self.source.gen.set_state(extra["select"])
             self.next_batch = int(extra.get("producer", {}).get("next_batch", self.state.step + 1))
@@ -134,6 +134,7 @@ class Run:
         dist = self.dist.fork(self.cfg.hardware.dist_timeout_s)  # the producer's collectives: a group of their own
         gen = Generation(self.cfg, engine, dist, self.backend.micro_batch_size)
         self.producer = Producer(gen, self.source, weights, self.dist, version=self.state.step, next_batch=self.next_batch)
+        self.trainer = replace(self.trainer, engine=None)  # the producer pushes the weights into its engine
 
     def step(self) -> dict:
         """Steps (1)-(8): this rank's prompts, the rollout step, the clock, the log row."""
@@ -158,7 +159,7 @@ class Run:
         t0 = time.perf_counter()
         ready = prod.take(st.step + 1)
         waited = time.perf_counter() - t0
-        learned = learn(replace(self.trainer, engine=None), ready, lr, p, version=st.step)  # the producer pushes
+        learned = learn(self.trainer, ready, lr, p, version=st.step)
         t1 = time.perf_counter()
         idle = prod.settle(st.step + 1)  # (7): once the producer is idle
         learned.t_sync = time.perf_counter() - t1 - idle
@@ -191,7 +192,7 @@ class Run:
             extra["producer"] = {"next_batch": self.producer.rewind(), "version": st.step}
         extra = {"select": self.source.gen.get_state(), **extra}
         path = self.ckpt_dir / f"step_{st.step:06d}.pt"
-        checkpoint.save(path, asdict(st), self.backend, self.sampler, extra, self.dist, keep=self.cfg.train.keep_checkpoints)
+        checkpoint.save(path, asdict(st), self.backend, self.source.sampler, extra, self.dist, keep=self.cfg.train.keep_checkpoints)
         st.last_ckpt = st.train_time
 
     def finished(self) -> bool:
