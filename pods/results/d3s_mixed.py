@@ -52,8 +52,9 @@ def finished(run_dir: Path, steps: int | None = None) -> bool:
     return bool(rows) and rows[-1].get("kind") == "eval" and rows[-1].get("step") == last
 
 
-def reproduce(seeds: list[int], out: Path, runs: Path, extra: list[str], arms: list[str] = ARMS) -> None:
-    """Every missing run, one at a time (``uptime`` before each into ``<out>/load.txt``), then ``summarize``."""
+def reproduce(seeds: list[int], out: Path, runs: Path, extra: list[str], arms: list[str] = ARMS, prefix: str = "d3s_mixed") -> None:
+    """Every missing run of ``experiment=<prefix>_<arm>_cpu``, one at a time (``uptime`` before each into
+    ``<out>/load.txt``); then this ablation's ``summarize`` (another ``prefix`` summarises its own)."""
     out.mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         for arm in arms:
@@ -68,7 +69,7 @@ def reproduce(seeds: list[int], out: Path, runs: Path, extra: list[str], arms: l
                     sys.executable,
                     "-m",
                     "pods.train",
-                    f"experiment=d3s_mixed_{arm}_cpu",
+                    f"experiment={prefix}_{arm}_cpu",
                     f"seed={seed}",
                     f"hydra.run.dir={run_dir}",
                     *extra,
@@ -80,7 +81,8 @@ def reproduce(seeds: list[int], out: Path, runs: Path, extra: list[str], arms: l
                 keep.mkdir(parents=True, exist_ok=True)
                 for name in ("config.json", "metrics.jsonl"):
                     shutil.copy(run_dir / name, keep / name)
-    summarize(out, seeds)
+    if prefix == "d3s_mixed":
+        summarize(out, seeds)
 
 
 def window(xs: list[float], w: int = WINDOW) -> np.ndarray:
@@ -90,14 +92,14 @@ def window(xs: list[float], w: int = WINDOW) -> np.ndarray:
     return (c[i] - c[np.maximum(i - w, 0)]) / np.minimum(i, w)
 
 
-def load(out: Path, seeds: list[int] | None = None) -> dict[str, dict[int, list[dict]]]:
+def load(out: Path, seeds: list[int] | None = None, arms: list[str] = ARMS) -> dict[str, dict[int, list[dict]]]:
     """{arm: {seed: train and eval rows}} of the copied runs under ``out/runs`` (of ``seeds`` only, when given)."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for d in sorted((out / "runs").glob("*_s*")):
         arm, seed = d.name.rsplit("_s", 1)
-        if arm in ARMS and finished(d) and (seeds is None or int(seed) in seeds):
+        if arm in arms and finished(d) and (seeds is None or int(seed) in seeds):
             runs.setdefault(arm, {})[int(seed)] = read_metrics(d / "metrics.jsonl")
-    return {a: runs[a] for a in ARMS if a in runs}
+    return {a: runs[a] for a in arms if a in runs}
 
 
 def _mean(xs) -> float | None:
