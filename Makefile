@@ -163,6 +163,12 @@ FIG_cpu-plot = $(PY) -m pods.demo summarize --out results/cpu
 FIG_d3s-mixed-cpu = $(PY) -m pods.results.d3s_mixed reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 #> d3s-mixed-cpu-plot       redraw results/cpu/d3s_mixed/ (summary, curves, strata, predictions) from its copied runs
 FIG_d3s-mixed-cpu-plot = $(PY) -m pods.results.d3s_mixed summarize $(if $(SEEDS),--seeds $(SEEDS))
+#> d3s-outcome-cpu          here: D3S's outcome on toy_sum from a re-blurred model GRPO can improve: GRPO, across groups, full D3S x 3 seeds x 150 steps, one at a time -> results/cpu/d3s_outcome/
+FIG_d3s-outcome-cpu = $(PY) -m pods.results.d3s_outcome reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
+#> d3s-outcome-cpu-plot     redraw results/cpu/d3s_outcome/ (summary, paired differences, band metric, predictions) from its copied runs
+FIG_d3s-outcome-cpu-plot = $(PY) -m pods.results.d3s_outcome summarize $(if $(SEEDS),--seeds $(SEEDS))
+#> d3s-outcome-probe        the starting model's probe (greedy and T = 1 accuracy, zero-variance share per term count) -> results/cpu/d3s_outcome/probe.jsonl
+FIG_d3s-outcome-probe = $(PY) -m pods.results.d3s_outcome probe $(ARGS)
 #> pods-per-step-cpu        here: GRPO 16/16 vs PODS 64->16 by steps, binary reward, many zero-variance groups, 5 seeds, + GPU cost model -> results/cpu/pods_per_step/
 FIG_pods-per-step-cpu = $(PY) -m pods.demo per-step $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 #> pods-per-step-cpu-plot   redraw results/cpu/pods_per_step/ from its runs
