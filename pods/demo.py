@@ -178,8 +178,8 @@ def header_lines(command: str, t0: float, before: str, what: str) -> list[str]:
         f"{command}: {time.time() - t0:.0f} s wall-clock for {what}, one run at a time; {before} at the start, {machine_load()} at the end",
         "accuracy: sampled (T = 1) test accuracy; answer_prob: mean teacher-forced probability of the canonical answer (no "
         f"sampling noise); ± = 1.96 SE over seeds (one seed: over eval samples); band metric: {BAND.text()}, median over "
-        "levels of t_baseline / t_arm on isotonic fits, [95% percentile bootstrap over seeds] from 3 seeds; 99% of peak: the "
-        "paper's metric. Accuracies are the same on every machine; seconds are this machine's (see load.txt)",
+        "levels of t_baseline / t_arm on isotonic fits, [95% percentile bootstrap over seeds], given from 3 seeds per arm on; "
+        "99% of peak: the paper's metric. Accuracies are the same on every machine; seconds are this machine's (see load.txt)",
         summary_line(),
     ]
 
