@@ -144,7 +144,7 @@ def paired(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     return out
 
 
-def bands(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
+def bands(runs: dict[str, dict[int, list[dict]]], n_boot: int = 2000) -> list[dict]:
     """The band metric (``pods.results.speedup``, the demo's band) of each arm over GRPO, by optimizer steps and by
     tokens trained, on test accuracy and on answer_prob: pooled, per seed pair, and the bootstrap interval."""
     from pods.results.speedup import band_speedup
@@ -155,7 +155,7 @@ def bands(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
         for x in ("step", "tokens"):
             for y in ("accuracy", "answer_prob"):
                 base = [eval_curve(runs["grpo"][s], x, y) for s in seeds]
-                r = band_speedup(base, [eval_curve(runs[arm][s], x, y) for s in seeds])
+                r = band_speedup(base, [eval_curve(runs[arm][s], x, y) for s in seeds], n_boot=n_boot)
                 out.append({"arm": arm, "x": x, "y": y, "speedup": round(r["speedup"], 3), "lo": r["lo"] and round(r["lo"], 3),
                             "hi": r["hi"] and round(r["hi"], 3), "pairs": [round(p, 3) for p in r["pairs"]], "never": r["never"], "seeds": seeds})  # fmt: skip
     return out
@@ -192,6 +192,8 @@ def predictions(tab: list[dict], pairs: list[dict], bs: list[dict]) -> list[dict
             m, se = statistics.fmean(ds), (statistics.stdev(ds) / len(ds) ** 0.5 if len(ds) > 1 else float("nan"))
             out.append({"prediction": f"e: final answer_prob, {arm} - GRPO paired by seed: |mean| < 0.05", "value": round(m, 4),
                         "se": round(se, 4), "per_seed": ds, "held": abs(m) < 0.05})  # fmt: skip
+    for p in out[1:]:  # (a) is the gate: without GRPO learning there is nothing to reach sooner
+        p["informative"] = out[0]["held"]
     return out
 
 
@@ -220,7 +222,7 @@ def plot(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
     plt.close(fig)
 
 
-def summarize(out: Path, seeds: list[int] | None = None, arms: list[str] = ARMS) -> list[dict]:
+def summarize(out: Path, seeds: list[int] | None = None, arms: list[str] = ARMS, n_boot: int = 2000) -> list[dict]:
     """summary.csv, paired.csv, bands.json, predictions.json and accuracy.png from the finished runs under ``out/runs``."""
     from pods.results.d3s_mixed import load
     from pods.results.report import write_csv
@@ -228,7 +230,7 @@ def summarize(out: Path, seeds: list[int] | None = None, arms: list[str] = ARMS)
     runs = load(out, seeds, arms)
     if "grpo" not in runs:
         raise SystemExit(f"no finished GRPO run under {out / 'runs'}")
-    tab, pairs, bs = table(runs), paired(runs), bands(runs)
+    tab, pairs, bs = table(runs), paired(runs), bands(runs, n_boot)
     write_csv(tab, out / "summary.csv", SUMMARY)
     if pairs:
         write_csv(pairs, out / "paired.csv", PAIRED)
