@@ -12,11 +12,14 @@ Weight push (``load_weights``, from the trainer thread while another thread may 
 through vLLM's trainer-side weight-transfer engine (gloo, ``pods.engines.gloo_transfer``, on CPU; vLLM's NCCL engine on
 GPU), finish with the new version as the servers' label, run the sync check (``rollout.sync_check``: the float64
 tallies of the first and last decoder layers, ``pods.engines.vllm_sync``, read back over ``/collective_rpc``), and resume
-in a ``finally``. Requests sent while paused wait and run on the new weights; their spans say so.
+(after a failed push too). Requests sent while paused wait and run on the new weights; their spans say so.
 
-Every HTTP call and transfer is bounded by ``rollout.server_timeout_s``: a dead or stuck server is one ``ServerError``
-naming its URL and the call (``pods.engines.server_procs``). Launched servers are stopped at ``close``, on a failed start,
-at interpreter exit, and by the kernel if the trainer is killed.
+Every HTTP call, and every transfer as a whole (the group's join, each push: NCCL's calls take no timeout), is bounded
+by ``rollout.server_timeout_s``: a dead or stuck server is one ``ServerError`` naming its URL or the transfer
+(``pods.engines.server_procs``, ``pods.engines.rendezvous``); an aborted transfer leaves the group. No pushed tensor
+outlives its push. Launched servers are stopped at ``close``, on a failed start, at interpreter exit, and by the
+kernel if the trainer is killed. Refused before anything loads: a vLLM older than 0.32 (here or attached) and, on
+GPUs, launched servers without GPUs of their own (``rollout.devices``).
 """
 
 from __future__ import annotations
