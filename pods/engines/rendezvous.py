@@ -78,7 +78,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def within(seconds: float, doing: str, fn: Callable, abort: Callable | None = None):
     """``fn()`` in a thread of its own (on the caller's CUDA device), waited for at most ``seconds``; past that
-    ``abort()`` and one ``ServerError``. The thread is a daemon: one stuck in a collective never holds up the exit."""
+    ``abort()`` and one ``ServerError``, as for any error of ``fn`` (a collective whose peer died). The thread is a
+    daemon: one stuck in a collective never holds up the exit."""
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
     out: dict = {}
     done = threading.Event()
@@ -101,6 +102,10 @@ def within(seconds: float, doing: str, fn: Callable, abort: Callable | None = No
             f"{doing} did not finish within {seconds:g} s (rollout.server_timeout_s): a server died, hung or ran out of "
             "memory mid-transfer; the transfer group was aborted"
         )
-    if "error" in out:
-        raise out.pop("error")
+    error = out.pop("error", None)
+    if isinstance(error, Exception) and not isinstance(error, ServerError):  # a peer gone mid-collective: gloo's reset
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise ServerError(f"{doing} failed: {lines[0][:300]}") from error
+    if error is not None:
+        raise error
     return out.get("value")

@@ -146,6 +146,24 @@ def test_a_push_that_blocks_ends_within_the_timeout_in_one_line_and_aborts_the_g
     e.close()  # a closed engine after an abort: nothing left to shut down
 
 
+def test_a_transfer_whose_peer_is_gone_is_one_server_error(stand):
+    """gloo raises a plain RuntimeError when a server dies mid-broadcast: ``pods.train`` ends on a ``ServerError``
+    with the resume line, so the push says which transfer failed in one."""
+    e = engine_on(stand)
+
+    def gone():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234\nmore")
+
+    e.sender.send_weights = gone
+    with pytest.raises(ServerError) as err:
+        e.load_weights(iter([("model.layers.0.mlp.weight", torch.ones(2, 2))]))
+    assert (
+        str(err.value)
+        == "the nccl weight push of version 1 failed: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234"
+    )
+    assert stand.paths() == ["/pause", "/resume"] and e.version == 0
+
+
 def _routable() -> str | None:
     """A non-loopback address of this host (the source of its route outwards), or None."""
     try:
