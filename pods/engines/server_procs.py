@@ -184,6 +184,10 @@ class Servers:
                     raise ServerError(f"vLLM server {url} was not healthy within {timeout_s:g} s (rollout.start_timeout_s){self.where(k)}")
                 time.sleep(0.5)
 
+    def version(self, k: int) -> str:
+        """The vLLM version server k runs."""
+        return str(self.call(k, "GET", "/version", "GET /version")["version"])
+
     def settings(self, k: int) -> tuple[int, str]:
         """(max model length, dtype) that server k serves with."""
         models = self.call(k, "GET", "/v1/models", "GET /v1/models")["data"]

@@ -12,33 +12,34 @@ Weight push (``load_weights``, from the trainer thread while another thread may 
 through vLLM's trainer-side weight-transfer engine (gloo, ``pods.engines.gloo_transfer``, on CPU; vLLM's NCCL engine on
 GPU), finish with the new version as the servers' label, run the sync check (``rollout.sync_check``: the float64
 tallies of the first and last decoder layers, ``pods.engines.vllm_sync``, read back over ``/collective_rpc``), and resume
-in a ``finally``. Requests sent while paused wait and run on the new weights; their spans say so.
+(after a failed push too). Requests sent while paused wait and run on the new weights; their spans say so.
 
-Every HTTP call and transfer is bounded by ``rollout.server_timeout_s``: a dead or stuck server is one ``ServerError``
-naming its URL and the call (``pods.engines.server_procs``). Launched servers are stopped at ``close``, on a failed start,
-at interpreter exit, and by the kernel if the trainer is killed.
+Every HTTP call, and every transfer as a whole (the group's join, each push: NCCL's calls take no timeout), is bounded
+by ``rollout.server_timeout_s``: a dead or stuck server is one ``ServerError`` naming its URL or the transfer
+(``pods.engines.server_procs``, ``pods.engines.rendezvous``); an aborted transfer leaves the group. No pushed tensor
+outlives its push. Launched servers are stopped at ``close``, on a failed start, at interpreter exit, and by the
+kernel if the trainer is killed. Refused before anything loads: a vLLM older than 0.32 (here or attached) and, on
+GPUs, launched servers without GPUs of their own (``rollout.devices``).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
-import os
-import socket
 import threading
 import time
-from urllib.parse import urlparse
+from functools import partial
 
 import numpy as np
 import torch
 
-from pods.engines import vllm_start
+from pods.engines import rendezvous, server_rules, vllm_start
 from pods.engines.base import Engine, Rollouts, Sampling
-from pods.engines.server_procs import Servers, free_port, launch
+from pods.engines.server_procs import Servers, launch
 from pods.engines.vllm import VLLMEngine, _sampled_logprobs, _with_lm_head  # noqa: F401 - the same rules and weights
-from pods.engines.vllm_start import budget, context_length, stop_token_ids
+from pods.engines.vllm_start import stop_token_ids
 from pods.engines.vllm_sync import checked_layers, held, mismatch, tallied
-from pods.errors import ConfigError, ServerError, need
+from pods.errors import ServerError
 from pods.schema import Root, VllmServerRollout
 
 __all__ = ["VLLMServerEngine"]
@@ -53,7 +54,7 @@ class VLLMServerEngine(Engine):
     def __init__(self, model_dir, tokenizer, cfg: VllmServerRollout, policy=None):  # policy unused: the servers hold copies
         from transformers import AutoConfig
 
-        self.tok, self.cfg, self._version, self.sender = tokenizer, cfg, 0, None
+        self.tok, self.cfg, self._version, self.sender, self.source = tokenizer, cfg, 0, None, None
         self.stop_ids = stop_token_ids(str(model_dir), tokenizer)
         self.dtype = getattr(torch, cfg.dtype)
         on_cpu = not torch.cuda.is_available()
@@ -71,7 +72,7 @@ class VLLMServerEngine(Engine):
         try:
             self.servers.wait_healthy(cfg.start_timeout_s if procs or isinstance(cfg.servers, int) else cfg.server_timeout_s)
             for k in range(len(urls)):
-                refuse_settings(self.servers, k, cfg)
+                server_rules.refuse_settings(self.servers, k, cfg)
             if self.leader:
                 self._label("0")
                 self.sender = self._connect()
@@ -102,32 +103,11 @@ class VLLMServerEngine(Engine):
     # -- the plug-in's rules ------------------------------------------------------------------------
     @classmethod
     def check(cls, cfg: Root) -> None:
-        """The colocated engine's rules (budget, truncated log-probs), one training process, a transport this device
-        has, and, for attached servers, their model length and dtype (asked over HTTP, before anything loads)."""
+        """The colocated engine's rules (budget, truncated log-probs), then the servers' (``pods.engines.server_rules``):
+        one training process per launch, a transport this device has, GPUs of their own, a vLLM with the routes this
+        engine calls, and attached servers' model length and dtype (asked over HTTP, before anything loads)."""
         VLLMEngine.check(cfg)
-        ro = cfg.rollout
-        if int(os.environ.get("WORLD_SIZE") or 1) > 1 and isinstance(ro.servers, int):
-            need(
-                ro.port != 0, f"rollout.servers={ro.servers} under torchrun: set rollout.port (the other ranks find rank 0's servers there)"
-            )
-            need(
-                cfg.hardware.nnodes == 1, "rollout.servers as a count launches on one node: attach URLs on several (slurm/run_async.sbatch)"
-            )
-        need(
-            not (ro.transport == "nccl" and cfg.hardware.device != "cuda"),
-            "rollout.transport=nccl needs CUDA: use gloo (or auto) on CPU",
-        )
-        if isinstance(ro.servers, list):
-            need(bool(ro.servers), "rollout.servers is an empty list: give server URLs or a count to launch")
-            servers = Servers(ro.servers, min(ro.server_timeout_s, 30.0))
-            try:
-                for k in range(len(ro.servers)):
-                    try:
-                        refuse_settings(servers, k, ro)
-                    except RuntimeError as e:
-                        raise ConfigError(f"rollout.servers[{k}]: {e}") from None
-            finally:
-                servers.pool.shutdown(wait=False)
+        server_rules.check(cfg)
 
     @classmethod
     def gap_meaning(cls, cfg: Root) -> tuple[str, str]:
@@ -182,23 +162,26 @@ class VLLMServerEngine(Engine):
 
     # -- weight push --------------------------------------------------------------------------------
     def _connect(self):
-        """vLLM's trainer-side transfer engine, joined with every server's worker (ranks 1..K; the trainer is 0)."""
+        """vLLM's trainer-side transfer engine, joined with every server's worker (ranks 1..K; the trainer is 0), at an
+        address the servers reach (``pods.engines.rendezvous``), within ``rollout.server_timeout_s``."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         from pods.engines import gloo_transfer
 
         gloo_transfer.register()
-        local = all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in self.servers.urls)
-        where = dict(
-            master_address="127.0.0.1" if local else socket.getfqdn(), master_port=free_port(), world_size=1 + len(self.servers.urls)
-        )
+        host = rendezvous.address(self.servers.urls)
+        where = dict(master_address=host, master_port=rendezvous.free_port(host), world_size=1 + len(self.servers.urls))
         if self.transport == "gloo":
             info = gloo_transfer.GlooTrainerInitInfo(**where, timeout_s=self.cfg.server_timeout_s, rank=0)
-            return WeightTransferTrainerFactory.trainer_init(info, client=self.servers)
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+            join = partial(WeightTransferTrainerFactory.trainer_init, info, client=self.servers)
+        else:
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        self.source = gloo_transfer.Pushed()
-        return WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(**where, rank=0), client=self.servers, source=self.source)
+            self.source = gloo_transfer.Pushed()
+            join = partial(
+                WeightTransferTrainerFactory.trainer_init, NCCLTrainerInitInfo(**where, rank=0), client=self.servers, source=self.source
+            )
+        return rendezvous.within(self.cfg.server_timeout_s, f"joining the {self.transport} weight-transfer group at {host}", join)
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
@@ -212,21 +195,47 @@ class VLLMServerEngine(Engine):
             pushed: dict = {}
             weights = _with_lm_head(named_tensors, self.dtype)
             pairs = list(tallied(weights, self.checked, pushed) if self.checked else weights)
+            del weights
             label = str(self.version + 1)
             self.servers.each("POST", "/pause", "pausing for a weight push", params={"mode": "wait", "clear_cache": "true"})
             try:
-                if self.transport == "gloo":
-                    self.sender.send_weights(pairs, version=label)
-                else:
-                    self.source.pairs = pairs
-                    self.sender.send_weights()
-                    self._label(label)
+                self._send(pairs, label)
+                del pairs  # the pushed copies (bf16 casts, ZeRO-3 gathers): none outlives the push
                 if self.checked:
                     self._verify(pushed)
                 self._version += 1
-            finally:
-                self.servers.each("POST", "/resume", "resuming after a weight push")
+            except BaseException:
+                self._resume(quiet=True)  # the push's own error says more than a dead server's refusal to resume
+                raise
+            self._resume()
             self.last_sync_s = time.perf_counter() - clock
+
+    def _send(self, pairs: list, label: str) -> None:
+        """One transfer, bounded by ``rollout.server_timeout_s`` as a whole (``pods.engines.rendezvous.within``): past
+        it the group is aborted and left (a later push would need a new one: the run ends on the error)."""
+        if self.transport == "gloo":
+            send = partial(self.sender.send_weights, pairs, version=label)
+        else:
+            self.source.pairs, send = pairs, self.sender.send_weights
+        try:
+            rendezvous.within(self.cfg.server_timeout_s, f"the {self.transport} weight push of version {label}", send, abort=self._abort)
+        finally:
+            if self.source is not None:
+                self.source.pairs = []
+        if self.transport != "gloo":
+            self._label(label)
+
+    def _abort(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            sender.shutdown()  # NCCL: ncclCommAbort, which ends the trainer's kernels waiting for a dead peer
+
+    def _resume(self, quiet: bool = False) -> None:
+        try:
+            self.servers.each("POST", "/resume", "resuming after a weight push")
+        except ServerError:
+            if not quiet:
+                raise
 
     def _await(self, version: int) -> None:
         """Until every server serves ``version`` (rank 0's push), at most ``rollout.server_timeout_s``."""
@@ -258,17 +267,3 @@ class VLLMServerEngine(Engine):
             sender.shutdown()
         if getattr(self, "servers", None) is not None:
             self.servers.close()
-
-
-def refuse_settings(servers: Servers, k: int, ro: VllmServerRollout) -> None:
-    """Server k serves at least the run's longest sequence, in the run's dtype; else one RuntimeError."""
-    length, dtype = servers.settings(k)
-    want = context_length(ro) or budget(ro)
-    if want is not None and length < want:
-        raise RuntimeError(
-            f"vLLM server {servers.urls[k]} serves max_model_len {length} < the run's {want} (rollout.max_model_len, or prompt + completion budget)"
-        )
-    if dtype != ro.dtype:
-        raise RuntimeError(
-            f"vLLM server {servers.urls[k]} serves dtype {dtype}, the run samples in rollout.dtype={ro.dtype}: restart it with --dtype {ro.dtype}"
-        )

@@ -26,6 +26,14 @@ from pods.distributed import Dist
 from pods.loop.rollouts import Generation, Ready, Source, prepare
 
 
+def _start_thread(threads: int, device: int | None) -> None:
+    """The producer thread's torch settings: the trainer's intra-op threads and, on GPUs, the rank's device (a new
+    thread starts on cuda:0: every rank's producer would launch its kernels in device 0's context)."""
+    torch.set_num_threads(threads)
+    if device is not None:
+        torch.cuda.set_device(device)
+
+
 class Producer:
     """One background thread that runs ``prepare`` for the next batches, in order (module docstring).
 
@@ -48,7 +56,8 @@ class Producer:
         gen.dist.barrier()  # ... and that is done before any rank's producer generates
         self.pending: deque[tuple[int, Future]] = deque()
         threads = cfg.hardware.torch_threads or torch.get_num_threads()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pods-producer", initializer=torch.set_num_threads, initargs=(threads,))
+        device = torch.cuda.current_device() if cfg.hardware.device == "cuda" else None  # this rank's (pods.distributed)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pods-producer", initializer=_start_thread, initargs=(threads, device))
 
     @property
     def version(self) -> int:

