@@ -17,12 +17,16 @@ groups (``per_device_train_batch_size * steps_per_generation`` a multiple of n),
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 import torch
-import trl
 
 from pods.errors import need
 from pods.integrations import kept
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
 
 TRL_VERSION = "1.16.0"
 
@@ -33,9 +37,18 @@ def check_version(found: str) -> None:
         raise ImportError(f"pods.integrations.trl needs trl=={TRL_VERSION} (pip install 'pods[trl]'), found trl {found}")
 
 
-check_version(trl.__version__)
+try:  # the installed release, read without importing trl (importing it sets variables and loads vLLM, wandb...)
+    check_version(version("trl"))
+except PackageNotFoundError:
+    raise ModuleNotFoundError(f"pods.integrations.trl needs trl=={TRL_VERSION}: pip install 'pods[trl]'", name="trl") from None
 
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402  (after the version check: another release fails in one line)
+
+def __getattr__(name: str):
+    """``PodsGRPOTrainer`` is defined on first use: it subclasses TRL's trainer, which is imported then."""
+    if name != "PodsGRPOTrainer":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = trainer_class()
+    return globals()[name]
 
 
 def check_config(args: GRPOConfig, m: int, rule: str, scope: str) -> None:
@@ -57,64 +70,73 @@ def check_config(args: GRPOConfig, m: int, rule: str, scope: str) -> None:
     )
 
 
-class PodsGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` that trains on m of each prompt's n completions (``args.num_generations`` = n).
+def trainer_class() -> type:
+    """``PodsGRPOTrainer``, defined against the imported TRL (its version checked again: the one imported can differ from
+    the one installed, e.g. a ``PYTHONPATH`` prefix)."""
+    import trl
+    from trl import GRPOTrainer
 
-    ``m``: completions kept per prompt; ``rule``: a per-group rule of ``pods.downsample.RULES``; ``advantage_scope``:
-    ``kept`` (PODS: advantages over the kept m, with TRL's ``scale_rewards``) or ``group`` (the full group's
-    advantages as TRL computed them, not re-normalised: D3S with ``rule="d3s_intra"``). Every other argument is
-    ``GRPOTrainer``'s."""
+    check_version(trl.__version__)
 
-    def __init__(
-        self, model, reward_funcs, args: GRPOConfig, *, m: int, rule: str = "max_variance", advantage_scope: str = "kept", **kwargs
-    ):
-        check_version(trl.__version__)
-        check_config(args, m, rule, advantage_scope)
-        self.pods_m, self.pods_rule, self.pods_scope = m, rule, advantage_scope
-        self._pods_rewards: torch.Tensor | None = None
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
-        self._pods_generator = torch.Generator().manual_seed(args.seed + self.accelerator.process_index)  # rule 'random'
+    class PodsGRPOTrainer(GRPOTrainer):
+        """``GRPOTrainer`` that trains on m of each prompt's n completions (``args.num_generations`` = n).
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._pods_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # [all rows, F]
-        return self._pods_rewards
+        ``m``: completions kept per prompt; ``rule``: a per-group rule of ``pods.downsample.RULES``; ``advantage_scope``:
+        ``kept`` (PODS: advantages over the kept m, with TRL's ``scale_rewards``) or ``group`` (the full group's
+        advantages as TRL computed them, not re-normalised: D3S with ``rule="d3s_intra"``). Every other argument is
+        ``GRPOTrainer``'s."""
 
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return out  # evaluation: TRL's own batch
-        size = out["completion_ids"].shape[0]
-        rows, adv = self.pods_select(self._local_rewards(size), out["advantages"])
-        out = kept.take(out, rows, size)
-        out["advantages"] = adv.to(out["completion_ids"].device)
-        mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
-        out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        return out
+        def __init__(
+            self, model, reward_funcs, args: GRPOConfig, *, m: int, rule: str = "max_variance", advantage_scope: str = "kept", **kw
+        ):
+            check_config(args, m, rule, advantage_scope)
+            self.pods_m, self.pods_rule, self.pods_scope = m, rule, advantage_scope
+            self._pods_rewards: torch.Tensor | None = None
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kw)
+            self._pods_generator = torch.Generator().manual_seed(args.seed + self.accelerator.process_index)  # rule 'random'
 
-    def pods_select(self, rewards: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, advantages) of this process's ``rewards: [B]`` (``advantages: [B]``, TRL's, read by scope ``group``)."""
-        rows, adv = kept.keep(
-            rewards.cpu(),
-            self.num_generations,
-            self.pods_m,
-            self.pods_rule,
-            scope=self.pods_scope,
-            scale=self.scale_rewards,
-            group_advantages=advantages.detach().cpu(),
-            generator=self._pods_generator,
-        )
-        kept_rewards = rewards.cpu()[rows]
-        self._metrics["train"]["pods/kept_reward"].append(kept_rewards.mean().item())
-        self._metrics["train"]["pods/kept_reward_std"].append(kept_rewards.std().item() if rows.numel() > 1 else 0.0)
-        return rows, adv
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            self._pods_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # [all rows, F]
+            return self._pods_rewards
 
-    def _local_rewards(self, size: int) -> torch.Tensor:
-        """This process's summed rewards ``[size]``; a completion no reward function scored is NaN (the rule refuses it)."""
-        per_func = self._pods_rewards
-        summed = (per_func * self.reward_weights.to(per_func.device)).nansum(dim=1)
-        summed[torch.isnan(per_func).all(dim=1)] = torch.nan
-        start = self.accelerator.process_index * size
-        return summed[start : start + size]
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            return cut(self, out) if self.model.training else out  # evaluation: TRL's own batch
+
+    return PodsGRPOTrainer
+
+
+def cut(trainer, out: dict) -> dict:
+    """The hook: this process's generation batch ``out`` (TRL's dict, B rows) cut to the kept rows, their advantages
+    and TRL's token normaliser over them."""
+    size = out["completion_ids"].shape[0]
+    rewards = local_rewards(trainer._pods_rewards, trainer.reward_weights, trainer.accelerator.process_index, size)
+    rows, adv = kept.keep(
+        rewards,
+        trainer.num_generations,
+        trainer.pods_m,
+        trainer.pods_rule,
+        scope=trainer.pods_scope,
+        scale=trainer.scale_rewards,
+        group_advantages=out["advantages"].detach().cpu(),
+        generator=trainer._pods_generator,
+    )
+    metrics = trainer._metrics["train"]
+    metrics["pods/kept_reward"].append(rewards[rows].mean().item())
+    metrics["pods/kept_reward_std"].append(rewards[rows].std().item() if rows.numel() > 1 else 0.0)
+    out = kept.take(out, rows, size)
+    out["advantages"] = adv.to(out["completion_ids"].device)
+    mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
+    out["num_items_in_batch"] = trainer.accelerator.gather(mask.sum()).sum()
+    return out
+
+
+def local_rewards(per_func: torch.Tensor, weights: torch.Tensor, process: int, size: int) -> torch.Tensor:
+    """This process's rows of the rewards TRL computed (``per_func: [all rows, F]``, every process's), weighted and
+    summed: ``[size]`` on the CPU. A completion no reward function scored is NaN (the rule refuses it)."""
+    summed = (per_func * weights.to(per_func.device)).nansum(dim=1)
+    summed[torch.isnan(per_func).all(dim=1)] = torch.nan
+    return summed[process * size : (process + 1) * size].cpu()
 
 
 def task_dataset(examples: Sequence) -> list[dict]:

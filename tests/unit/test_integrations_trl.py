@@ -5,7 +5,6 @@ on import in one line. Skipped, saying so, where ``pods[trl]`` is not installed 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import sys
 
@@ -96,8 +95,19 @@ def test_bad_settings_are_refused_before_the_model_loads(tmp_path):
 
 
 def test_another_trl_release_is_refused_on_import_in_one_line(monkeypatch):
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    """Installed (read from its metadata on import) or imported (``trl.__version__``, when the class is defined)."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.17.0" if name == "trl" else real(name))
     monkeypatch.delitem(sys.modules, "pods.integrations.trl", raising=False)
     with pytest.raises(ImportError) as e:
         importlib.import_module("pods.integrations.trl")
     assert str(e.value) == "pods.integrations.trl needs trl==1.16.0 (pip install 'pods[trl]'), found trl 1.17.0"
+    monkeypatch.undo()
+
+    from pods.integrations.trl import trainer_class
+
+    monkeypatch.setattr(trl, "__version__", "1.15.0")
+    with pytest.raises(ImportError, match="found trl 1.15.0$"):
+        trainer_class()
