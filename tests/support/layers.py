@@ -47,6 +47,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
             "pods.memory",  # the package: its __init__ defines nothing
             "pods.memory.estimator",  # the estimate: asks each engine for its lines (Engine.memory)
             "pods.memory.update",  # the policy update's memory
+            "pods.integrations.*",  # pods' selection inside another trainer (TRL's GRPOTrainer)
         ],
     ),
     5: ("rules", ["pods.config", "pods.preflight", "pods.gpu_env", "pods.resume"]),
