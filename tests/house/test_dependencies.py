@@ -9,7 +9,8 @@ import functools
 import importlib.metadata
 import re
 import sys
-import tomllib
+
+import pytest
 
 from support.layers import PODS
 
@@ -37,6 +38,7 @@ def imported_top_names() -> dict[str, str]:
 
 def declared() -> set[str]:
     """The distributions pyproject.toml names: the dependencies and every optional extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (pods supports 3.10, where this check is skipped)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"]) + [r for extra in project.get("optional-dependencies", {}).values() for r in extra]
     return {normalise(re.match(r"[A-Za-z0-9_.\-]+", r).group(0)) for r in reqs}
