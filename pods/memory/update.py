@@ -1,6 +1,6 @@
 """The policy update's memory per GPU, component by component (``pods.memory`` adds the rollout engine).
 
-Counted from the code path that runs (``pods.backends``: transformers' Qwen2/Llama layers with SDPA attention,
+Counted from the code path that runs (``pods.backends``: transformers' Qwen2/Qwen3/Llama layers with SDPA attention,
 peft's LoRA layers, ``pods.losses.chunked_token_stats``, DeepSpeed ZeRO): what stays between updates (weights,
 optimizer state, ZeRO buffers), then one micro-batch's gradients, saved activations and the largest transient
 of its backward pass, or the optimizer step's temporaries, whichever peak is higher. Bytes, not GB, inside.
@@ -19,7 +19,7 @@ ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7, 
 
 
 def linear_shapes(arch: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) of each linear layer of one decoder layer (Qwen2/Llama)."""
+    """(in, out) of each linear layer of one decoder layer (Qwen2/Qwen3/Llama: attention widths heads x head_dim)."""
     h, i, hd = arch["hidden_size"], arch["intermediate_size"], head_dim(arch)
     q, kv = arch["num_attention_heads"] * hd, arch["num_key_value_heads"] * hd
     names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from safetensors.torch import load_file
 
 from pods.metrics import read_metrics
@@ -63,3 +64,16 @@ def test_tiny_qwen3_trains_through_the_cli_and_pods_eval_keeps_thinking_off(tmp_
     e = door("pods.eval", [str(moved), *TOY, "suite.chat_template_kwargs={}", "--out", str(tmp_path / "e2")])
     assert e.returncode == 0, e.stderr[-3000:]
     assert json.loads((tmp_path / "e2" / "eval" / "toy" / "config.json").read_text())["chat_template_kwargs"] == {}
+
+
+@pytest.mark.slow  # about 1-3 min of training: make test-all
+def test_tiny_qwen3_learns_the_toy_task_with_pods(tmp_path):
+    """The CPU comparison's PODS arm (64 -> 16, max variance) on the tiny Qwen3 instead of the tiny Qwen2, 40 steps:
+    sampled test accuracy rises by more than 0.15 (fixed before the run; measured once at seed 1: 0.21 at step 0,
+    0.44 at 20, 0.58 at 40, 0.65 at 60)."""
+    run = tmp_path / "run"
+    args = ["experiment=toy_pods_64_16_cpu", "model=tiny_qwen3", "seed=1", "train.max_steps=40", "eval.every_steps=40"]
+    p = door("pods.train", [*args, f"hydra.run.dir={run}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    acc = {r["step"]: r["accuracy"] for r in read_metrics(run / "metrics.jsonl", "eval")}
+    assert sorted(acc) == [0, 40] and acc[40] > acc[0] + 0.15, acc
