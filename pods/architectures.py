@@ -112,7 +112,7 @@ ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"] = {
 
 # Qwen3 (dense): per-head RMSNorms on q and k (``q_norm``/``k_norm``, head_dim weights each), no q/k/v biases, an
 # explicit head_dim of 128; tied embeddings up to 4B. Published sizes (model cards): 0.6B (0.44B non-embedding), 1.7B
-# (1.4B), 4B (3.6B), 8.2B (6.95B), checked against ``parameter_count`` in tests/unit/test_architectures.py.
+# (1.4B), 4B (3.6B), 8.2B (6.95B), checked against ``parameter_count`` in tests/unit/test_qwen3.py.
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
