@@ -155,6 +155,11 @@ FIG_3-plot = $(DRAW) 3 --runs $(RUNS) --out results
 FIG_4-plot = $(DRAW) 4 --runs $(RUNS) --out results
 #> <panel>-plot             draw one panel above (3-gsm8k-qwen3b-l40s-plot, ..., 4-n-plot, 4-m-plot, 5-plot) into results/figure-<panel>/
 $(foreach f,$(FIGURES),$(eval FIG_$(f)-plot = $$(DRAW) $(f) --runs $$(RUNS)/$(f) --out results/figure-$(f)))
+#> gpu-quickstart           one H100, here (GPU_PY), about 1 h: GRPO-GA 64/16 vs PODS 64->16 on GSM8K, Qwen2.5-0.5B-Instruct, seed 1, then the figure -> results/figure-gpu-quickstart/
+FIG_gpu-quickstart = GPU_PY=$(GPU_PY) $(PY) -m pods.figures reproduce gpu-quickstart $(ARGS) --launcher local --seeds $(or $(SEEDS),1) \
+	--runs $(RUNS)/gpu-quickstart && $(FIG_gpu-quickstart-plot)
+#> gpu-quickstart-plot      redraw results/figure-gpu-quickstart/ (curves, the band speed-up) from its runs
+FIG_gpu-quickstart-plot = $(PY) -m pods.figures plot gpu-quickstart --runs $(RUNS)/gpu-quickstart --out results/figure-gpu-quickstart
 #> cpu                      here: GRPO 16/16, GRPO-GA 64/16, PODS 64->16 x 10 seeds, one at a time (finished runs kept: rerun to continue) -> results/cpu/
 FIG_cpu = $(PY) -m pods.demo reproduce --out results/cpu $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 #> cpu-plot                 redraw results/cpu/ (figure, CSV, summary with both speed-up metrics) from results/cpu/runs
@@ -194,7 +199,8 @@ ALIASES := reproduce-figure-3=3 reproduce-figure-4=4 $(foreach f,$(FIGURES),repr
 	figure-3=3-plot figure-4=4-plot $(foreach f,$(FIGURES),figure-$(f)=$(f)-plot) \
 	reproduce-figure-cpu=cpu figure-cpu=cpu-plot reproduce-d3s-mixed-cpu=d3s-mixed-cpu figure-d3s-mixed-cpu=d3s-mixed-cpu-plot \
 	reproduce-pods-per-step-cpu=pods-per-step-cpu figure-pods-per-step-cpu=pods-per-step-cpu-plot \
-	figure1-cpu=figure1-cpu gpu-check-cpu=gpu-check-cpu numerics=numerics bench-async=async bench-async-server=async-server
+	figure1-cpu=figure1-cpu gpu-check-cpu=gpu-check-cpu numerics=numerics bench-async=async bench-async-server=async-server \
+	gpu-quickstart=gpu-quickstart
 define alias
 .PHONY: $(1)
 $(1): $$(STAMP)

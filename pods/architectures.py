@@ -86,6 +86,14 @@ ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"] = {  # D3S's speed table (Table 3)
     "max_position_embeddings": 4096,
     "rope_theta": 10000.0,
 }
+ARCHITECTURES["Qwen/Qwen2.5-0.5B-Instruct"] = {  # the one-GPU quickstart's model (conf/experiment/gsm8k_qwen0_5b_*_1gpu.yaml)
+    **ARCHITECTURES["Qwen/Qwen2.5-3B-Instruct"],
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+}
 ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"] = {
     **ARCHITECTURES["meta-llama/Llama-3.2-3B-Instruct"],
     "hidden_size": 4096,
@@ -102,17 +110,50 @@ ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"] = {
     "tie_word_embeddings": False,
 }
 
+# Qwen3 (dense): per-head RMSNorms on q and k (``q_norm``/``k_norm``, head_dim weights each), no q/k/v biases, an
+# explicit head_dim of 128; tied embeddings up to 4B. Published sizes (model cards): 0.6B (0.44B non-embedding), 1.7B
+# (1.4B), 4B (3.6B), 8.2B (6.95B), checked against ``parameter_count`` in tests/unit/test_qwen3.py.
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "num_key_value_heads": 8,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06,
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+}
+
+
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> dict:
+    shape = {"hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads}
+    return {**QWEN3, **shape, "tie_word_embeddings": tied}
+
+
+ARCHITECTURES["Qwen/Qwen3-0.6B"] = _qwen3(1024, 3072, 28, 16, tied=True)
+ARCHITECTURES["Qwen/Qwen3-1.7B"] = _qwen3(2048, 6144, 28, 16, tied=True)
+ARCHITECTURES["Qwen/Qwen3-4B"] = _qwen3(2560, 9728, 36, 32, tied=True)
+ARCHITECTURES["Qwen/Qwen3-8B"] = _qwen3(4096, 12288, 36, 32, tied=False)
+QK_NORM_TYPES = ("qwen3",)  # model types with per-head RMSNorms on q and k (weights of head_dim each)
+
 
 def tiny_config(spec: dict | None = None) -> dict:
-    """The tiny model's config.json fields, from ``pods.tiny.DEFAULT_SPEC`` updated by ``spec``."""
-    from pods.tiny import DEFAULT_SPEC
+    """The tiny model's config.json fields, from ``pods.tiny.DEFAULT_SPEC`` updated by ``spec`` (a Qwen2, or a Qwen3
+    with ``spec["architecture"]``, whose head_dim is hidden / heads)."""
+    from pods.tiny import DEFAULT_SPEC, architecture
 
     full = {**DEFAULT_SPEC, **(spec or {})}
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
     out = {k: full[k] for k in keys}
+    prefix, _, _, named = architecture(full)
+    out.update({"head_dim": full["hidden_size"] // full["num_attention_heads"]} if "head_dim" in named else {})
     out.update(
-        architectures=["Qwen2ForCausalLM"],
-        model_type="qwen2",
+        architectures=[f"{prefix}ForCausalLM"],
+        model_type=prefix.lower(),
         max_position_embeddings=full["max_position_embeddings"],
         tie_word_embeddings=True,
         hidden_act="silu",
@@ -142,12 +183,15 @@ def head_dim(arch: dict) -> int:
 
 
 def parameter_count(arch: dict) -> int:
-    """Parameters of a Qwen2/Llama decoder (Qwen2: q/k/v biases), embeddings counted once when tied."""
+    """Parameters of a Qwen2/Qwen3/Llama decoder (Qwen2: q/k/v biases; Qwen3: q/k RMSNorms of head_dim each),
+    embeddings counted once when tied."""
     h, i, layers, v = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"], arch["vocab_size"]
     hd, nq, nkv = head_dim(arch), arch["num_attention_heads"], arch["num_key_value_heads"]
     attn = h * nq * hd + 2 * h * nkv * hd + nq * hd * h
     if arch.get("model_type") == "qwen2":
         attn += nq * hd + 2 * nkv * hd
+    if arch.get("model_type") in QK_NORM_TYPES:
+        attn += 2 * hd
     per_layer = attn + 3 * h * i + 2 * h
     emb = v * h * (1 if arch.get("tie_word_embeddings") else 2)
     return layers * per_layer + emb + h

@@ -157,6 +157,13 @@ FIGURES = {
         label=by_rule,
         reference=single_gpu_reference("gsm8k", "Qwen2.5-3B-Instruct", lambda a: (a["n"], a["m"]) == (64, 16)),
     ),
+    "gpu-quickstart": Figure(  # not a paper figure: the one-GPU quickstart (make gpu-quickstart, seed 1, run here)
+        "GSM8K, Qwen2.5-0.5B-Instruct, 1x H100 (full FT): GRPO-GA 64/16 vs PODS 64->16",
+        ("gsm8k_qwen0_5b_grpo_ga_1gpu", "gsm8k_qwen0_5b_pods_1gpu"),
+        "seeds_single_gpu",
+        baseline="GRPO-GA 64/16",
+        time_unit="min",
+    ),
     "cpu": Figure(
         "toy arithmetic, tiny Qwen2, CPU: GRPO vs GRPO-GA vs GRPO-PODS",
         ("toy_grpo_16_16_cpu", "toy_grpo_ga_64_16_cpu", "toy_pods_64_16_cpu"),

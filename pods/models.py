@@ -19,9 +19,9 @@ BUILDERS = Registry("model builder")
 
 @BUILDERS.register("tiny")
 def _build_tiny(model: Model) -> Path:
-    from pods.tiny import ensure_tiny
+    from pods.tiny import ensure_tiny, with_template_kwargs
 
-    return ensure_tiny(model.spec or {}, model.cache_dir)
+    return ensure_tiny(with_template_kwargs(model.spec, model.chat_template_kwargs), model.cache_dir)
 
 
 ASSET_KEYS = Registry("model asset key")  # builder -> what names the exact model it gives (config.json's provenance)
@@ -29,9 +29,10 @@ ASSET_KEYS = Registry("model asset key")  # builder -> what names the exact mode
 
 @ASSET_KEYS.register("tiny")
 def _tiny_asset(model: Model) -> dict:
-    from pods.tiny import asset_name, shipped
+    from pods.tiny import asset_name, shipped, with_template_kwargs
 
-    return {"asset": asset_name(model.spec), "shipped": shipped(model.spec) is not None}
+    spec = with_template_kwargs(model.spec, model.chat_template_kwargs)
+    return {"asset": asset_name(spec), "shipped": shipped(spec) is not None}
 
 
 def provenance(model: Model) -> dict:

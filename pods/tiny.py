@@ -9,7 +9,10 @@ later calls hit the cache (keyed by a hash of the spec). A spec with a ``base`` 
 tokenizer and the random init: it continues the base model (shipped, or built first) with its own warm start on its
 own task (toy_sum's model continues toy_long's). The tokenizer pre-splits text with Qwen2's own regex,
 so ``AutoTokenizer`` (which maps model_type qwen2 to Qwen2Tokenizer) and ``PreTrainedTokenizerFast`` encode
-identically.
+identically. ``spec["architecture"]: qwen3`` builds a Qwen3 instead (per-head q/k RMSNorms, no q/k/v biases, an
+explicit head_dim) whose chat template has Qwen3's thinking switch: ``enable_thinking=false`` (a
+``model.chat_template_kwargs``, which the builder folds into the spec: ``with_template_kwargs``) opens the answer with
+an empty ``<think>`` block, and the warm start trains on the prompts so rendered.
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+THINK_SPECIALS = ["<think>", "</think>"]  # Qwen3's added tokens around its reasoning
+QWEN3_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{{ '<|im_start|>assistant\n' }}",
+    "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% endif %}",
+)
+ARCHITECTURES = {  # spec["architecture"] -> (transformers class prefix, extra special tokens, chat template, config keys it names)
+    "qwen2": ("Qwen2", [], CHAT_TEMPLATE, ()),
+    "qwen3": ("Qwen3", THINK_SPECIALS, QWEN3_CHAT_TEMPLATE, ("head_dim",)),  # Qwen3Config's head_dim defaults to 128
+}
 QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 DEFAULT_SPEC = {
     "vocab_size": 384,
@@ -56,7 +69,22 @@ def spec_hash(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_tokenizer(texts: list[str], vocab_size: int):
+def architecture(spec: dict) -> tuple[str, list[str], str, tuple[str, ...]]:
+    """(transformers class prefix, extra special tokens, chat template, config keys it names) of the spec's
+    architecture (default qwen2)."""
+    name = spec.get("architecture", "qwen2")
+    if name not in ARCHITECTURES:
+        raise ValueError(f"tiny model: unknown architecture '{name}'; valid: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def with_template_kwargs(spec: dict | None, chat_template_kwargs: dict | None) -> dict:
+    """The spec a model section builds: its ``chat_template_kwargs`` folded in when there are any (the warm start
+    renders its prompts with them, so they are part of the model's key); none leaves the spec, and its key, as it is."""
+    return {**(spec or {}), "chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else dict(spec or {})
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, extra_specials: list[str] = (), chat_template: str = CHAT_TEMPLATE):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -65,10 +93,11 @@ def build_tokenizer(texts: list[str], vocab_size: int):
         [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    specials = SPECIALS + list(extra_specials)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE, model_max_length=256
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=chat_template, model_max_length=256
     )
 
 
@@ -81,11 +110,12 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _sft_batch(tokenizer, examples, device="cpu", target=canonical):
-    """Prompt + answer token ids, with labels only on the answer (and its end-of-turn token)."""
+def _sft_batch(tokenizer, examples, device="cpu", target=canonical, template_kwargs: dict | None = None):
+    """Prompt + answer token ids, with labels only on the answer (and its end-of-turn token); the prompt rendered with
+    ``template_kwargs`` (``model.chat_template_kwargs``)."""
     seqs, labels = [], []
     for ex in examples:
-        p = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True)
+        p = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True, **(template_kwargs or {}))
         p = list(p["input_ids"] if hasattr(p, "keys") else p)
         a = tokenizer(target(ex) + "<|im_end|>", add_special_tokens=False)["input_ids"]
         seqs.append(p + a)
@@ -99,7 +129,16 @@ def _sft_batch(tokenizer, examples, device="cpu", target=canonical):
 
 
 def warm_start(
-    model, tokenizer, train, steps: int, batch: int, lr: float, seed: int, label_smoothing: float = 0.0, target=canonical
+    model,
+    tokenizer,
+    train,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    label_smoothing: float = 0.0,
+    target=canonical,
+    template_kwargs: dict | None = None,
 ) -> None:
     """Supervised steps on the answers. ``label_smoothing`` > 0 leaves the policy under-confident (sampling at
     T = 1 errs where greedy decoding is right), the regime in which RL's early gains come from sharpening."""
@@ -111,7 +150,7 @@ def warm_start(
     model.train()
     bar = progress_bar(range(steps), desc="tiny warm start", leave=False, mininterval=2.0)
     for _ in bar:
-        ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch), target=target)
+        ids, lab, mask = _sft_batch(tokenizer, rng.sample(train, batch), target=target, template_kwargs=template_kwargs)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=-100, label_smoothing=label_smoothing
@@ -162,7 +201,8 @@ def _train_tiny(spec: dict):
         model, tok = _continued(spec["base"])
     else:
         texts = [ex.messages[0]["content"] + " " + target(ex) for ex in data.train] + ["user assistant system"]
-        tok = build_tokenizer(texts, spec["vocab_size"])
+        _, extra_specials, chat_template, _ = architecture(spec)
+        tok = build_tokenizer(texts, spec["vocab_size"], extra_specials, chat_template)
         model = _fresh(spec, tok)
     warm_start(
         model,
@@ -174,6 +214,7 @@ def _train_tiny(spec: dict):
         spec["seed"],
         spec.get("warm_start_label_smoothing", 0.0),
         target,
+        spec.get("chat_template_kwargs"),
     )
     model.generation_config = GenerationConfig(
         eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id
@@ -190,10 +231,13 @@ def _continued(base: dict):
 
 
 def _fresh(spec: dict, tok):
-    """A randomly initialised Qwen2 of the spec's shape for the tokenizer ``tok``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """A randomly initialised Qwen2 (or Qwen3: ``spec["architecture"]``) of the spec's shape for the tokenizer ``tok``."""
+    import transformers
 
-    cfg = Qwen2Config(
+    prefix, _, _, named = architecture(spec)
+    derived = {"head_dim": spec["hidden_size"] // spec["num_attention_heads"]}
+    cfg = getattr(transformers, f"{prefix}Config")(
+        **{k: derived[k] for k in named},
         vocab_size=len(tok),
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],
@@ -207,7 +251,7 @@ def _fresh(spec: dict, tok):
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.pad_token_id,
     )
-    return Qwen2ForCausalLM(cfg).float()
+    return getattr(transformers, f"{prefix}ForCausalLM")(cfg).float()
 
 
 def _publish(model, tok, info: dict, out_dir: Path) -> None:

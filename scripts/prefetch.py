@@ -1,7 +1,7 @@
 """Prefetch every hub model and dataset the named experiments, figures and evaluation suites use into one directory,
 for clusters whose compute nodes have no internet; and the Hydra overrides that point runs at those copies.
 
-    python scripts/prefetch.py --dir /shared/pods-hub                          # everything: download what is missing
+    python scripts/prefetch.py --dir /shared/pods-hub                          # everything (every model config too)
     python scripts/prefetch.py --dir DIR --figures 3-gsm8k-qwen3b-l40s 4-n      # what these figures' runs need
     python scripts/prefetch.py --dir DIR --experiments gsm8k_qwen3b_pods_64_16_l40s --suites pods
     python scripts/prefetch.py --dir DIR --check                               # download nothing: report what is missing
@@ -108,10 +108,23 @@ def is_hub_id(path: str | None) -> bool:
     return bool(path) and not (Path(path).is_absolute() or path.startswith(".") or Path(path).exists())
 
 
-def plan_experiment(name: str) -> Needs:
-    """The hub model (``model.path``, unless built in code or local) and hub datasets of ``experiment=name``."""
+def plan_model(name: str) -> Needs:
+    """The hub model of ``model=name`` (a model config no experiment uses: ``model/NAME``), unless built in code."""
     from pods.compose import compose_plain
 
+    needs, model = Needs(f"model/{name}"), compose_plain([f"model={name}"])["model"]
+    if not model.get("builder") and is_hub_id(model.get("path")):
+        needs.keys["model.path"] = [Model(model["path"])]
+    return needs
+
+
+def plan_experiment(name: str) -> Needs:
+    """The hub model (``model.path``, unless built in code or local) and hub datasets of ``experiment=name``
+    (``model/NAME``: a model config alone, ``plan_model``)."""
+    from pods.compose import compose_plain
+
+    if name.startswith("model/"):
+        return plan_model(name.removeprefix("model/"))
     cfg = compose_plain([f"experiment={name}"])
     needs, model, ds = Needs(name), cfg["model"], cfg["dataset"]
     if not model.get("builder") and is_hub_id(model.get("path")):
@@ -142,14 +155,15 @@ def names(group: str) -> list[str]:
 
 
 def selection(a) -> tuple[list[str], list[str]]:
-    """(experiments, suites) asked for; nothing asked = every experiment and suite."""
+    """(experiments, suites) asked for; nothing asked = every experiment and suite, and every model config as
+    ``model/NAME`` (Qwen3's, which no experiment names)."""
     experiments, suites = list(a.experiments or []), list(a.suites or [])
     if a.figures:
         from pods.figures import FIGURES
 
         experiments += [e for f in a.figures for e in FIGURES[f].experiments]
     if not (a.experiments or a.suites or a.figures):
-        experiments, suites = names("experiment"), names("suite")
+        experiments, suites = names("experiment") + [f"model/{m}" for m in names("model")], names("suite")
     return list(dict.fromkeys(experiments)), list(dict.fromkeys(suites))
 
 
@@ -268,7 +282,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--figures", nargs="+", choices=sorted(FIGURES), help="the experiments of these figures (pods.figures)")
     p.add_argument("--suites", nargs="+", metavar="NAME", help="evaluation suites (conf/suite/NAME.yaml, pods-eval --suite)")
     p.add_argument("--check", action="store_true", help="download nothing; report what is present and missing")
-    p.add_argument("--args", metavar="NAME", help="print the overrides of experiment NAME (or suite/NAME) and exit")
+    p.add_argument("--args", metavar="NAME", help="print the overrides of experiment NAME (or suite/NAME, model/NAME) and exit")
     return p.parse_args(argv)
 
 

@@ -23,18 +23,32 @@ from pods.numerics import pin, summary_line  # noqa: E402
 
 pin()  # before torch loads (pods.tiny imports it)
 
-from pods.tiny import ASSETS, SHIPPED_FILES, asset_name, build_tiny, full_spec, shipped, weights_gap, weights_hash  # noqa: E402
+from pods.tiny import (  # noqa: E402
+    ASSETS,
+    SHIPPED_FILES,
+    asset_name,
+    build_tiny,
+    full_spec,
+    shipped,
+    weights_gap,
+    weights_hash,
+    with_template_kwargs,
+)
 
 
 def committed_specs() -> dict[str, dict]:
-    """Asset name -> full spec of every tiny model a committed config uses (the default config and each experiment)."""
+    """Asset name -> full spec of every tiny model a committed config uses (the default config, each experiment and
+    each model config, its chat template's arguments folded in as the builder does)."""
     from pods.compose import CONF, compose_plain
 
     found = {}
-    for overrides in [[]] + [[f"experiment={p.stem}"] for p in sorted((CONF / "experiment").glob("*.yaml"))]:
+    runs = [[f"experiment={p.stem}"] for p in sorted((CONF / "experiment").glob("*.yaml"))]
+    models = [[f"model={p.stem}"] for p in sorted((CONF / "model").glob("*.yaml")) if not p.stem.startswith("_")]
+    for overrides in [[]] + runs + models:
         model = compose_plain(overrides)["model"]
         if model.get("builder") == "tiny":  # a filter (which configs use pods.tiny), not a dispatch
-            found[asset_name(model.get("spec"))] = full_spec(model.get("spec"))
+            spec = with_template_kwargs(model.get("spec"), model.get("chat_template_kwargs"))
+            found[asset_name(spec)] = full_spec(spec)
     return found
 
 

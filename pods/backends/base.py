@@ -155,6 +155,7 @@ class Backend(Updater, ABC):
                 (out / marker).write_bytes((Path(self.model_dir) / marker).read_bytes())
         adapter = out / "adapter_config.json"
         note = {"weights": "full", "base_model": None}
+        chat = {"chat_template_kwargs": dict(self.model_cfg.chat_template_kwargs)}  # how the prompts were rendered (pods-eval reads it)
         if adapter.is_file():
             cfg = json.loads(adapter.read_text())
             cfg["base_model_name_or_path"] = str(self.model_dir)
@@ -165,7 +166,7 @@ class Backend(Updater, ABC):
                 "load": "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), this directory); "
                 "pods-eval THIS_DIRECTORY does so",
             }
-        (out / "pods_final.json").write_text(json.dumps(note, indent=2) + "\n")
+        (out / "pods_final.json").write_text(json.dumps(note | chat, indent=2) + "\n")
 
     @abstractmethod
     def state_dict(self) -> dict:

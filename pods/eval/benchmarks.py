@@ -43,6 +43,7 @@ class Suite(Sampling):
     benchmarks: dict[str, Benchmark]
     only: list[str] | None = None  # evaluate just these benchmarks of the suite
     prompt: str | None = None  # pods.tasks.prompts.PROMPTS; null = the run's training prompt (pods_instruct for a plain model)
+    chat_template_kwargs: dict[str, Any] | None = None  # apply_chat_template's extra arguments; null = the run's (final/'s), else none
     grader: str | None = None  # null = each benchmark's grader
     samples: Pos = 1  # completions per problem
     ks: list[Pos] | None = None  # pass@k / maj@k; null = 1, 2, 4, ... up to samples

@@ -47,6 +47,17 @@ def suite_prompt(suite: Suite, run_cfg: dict | None) -> str:
     return suite.prompt or (run_cfg or {}).get("dataset", {}).get("prompt_format") or "pods_instruct"
 
 
+def template_kwargs(suite: Suite, target: Target) -> dict:
+    """The chat template's extra arguments (Qwen3's ``enable_thinking``): the suite's, else the run's
+    ``model.chat_template_kwargs``, else those a ``final/`` directory records (``pods_final.json``), else none."""
+    if suite.chat_template_kwargs is not None:
+        return dict(suite.chat_template_kwargs)
+    if target.run_cfg:
+        return dict(target.run_cfg.get("model", {}).get("chat_template_kwargs") or {})
+    note = Path(target.weights or target.base) / "pods_final.json"
+    return dict(json.loads(note.read_text()).get("chat_template_kwargs") or {}) if note.is_file() else {}
+
+
 def load_suite(suite: Suite, prompt: str) -> dict[str, list]:
     """{benchmark: examples} of the selected benchmarks; a missing file or column is a ``ConfigError`` in one line."""
     data = {}
@@ -85,8 +96,9 @@ def answer_key(extracted: str | None) -> str | None:
     return normalize(extracted) if extracted else None
 
 
-def run_benchmark(engine, tok, suite, name: str, examples: list, samples_file) -> dict:
-    """Generate, grade, write one row per completion; returns this benchmark's metrics."""
+def run_benchmark(engine, tok, suite, name: str, examples: list, samples_file, chat: dict | None = None) -> dict:
+    """Generate, grade, write one row per completion; returns this benchmark's metrics. ``chat``: the chat template's
+    extra arguments (``template_kwargs``)."""
     from pods.engines import Sampling
     from pods.eval.benchmarks import plan_for
     from pods.eval.metrics import Problem, benchmark_metrics, default_ks
@@ -94,7 +106,7 @@ def run_benchmark(engine, tok, suite, name: str, examples: list, samples_file) -
 
     plan, bench = plan_for(suite, name), suite.benchmarks[name]
     grader = suite.grader or bench.grader
-    ids, kept, dropped = encode_prompts(examples, tok, suite.max_prompt_length)
+    ids, kept, dropped = encode_prompts(examples, tok, suite.max_prompt_length, chat)
     sampling = Sampling.draw(suite.model_copy(update={"max_tokens": plan.max_tokens}), seed=suite.seed)
     torch.manual_seed(suite.seed)
     ro = engine.generate(ids, plan.samples, sampling, progress=True)
@@ -143,7 +155,7 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
 
     start = time.time()
     check_options(options)
-    prompt = suite_prompt(suite, target.run_cfg)
+    prompt, chat = suite_prompt(suite, target.run_cfg), template_kwargs(suite, target)
     data = load_suite(suite, prompt) if data is None else data
     with ExitStack() as stack:  # a temporary weights directory (vLLM) is deleted when the evaluation ends, or fails
         engine, tok = build_engine(target, options, stack, out)
@@ -152,11 +164,12 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
         with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
             for name, examples in data.items():
                 print(f"[pods-eval] {name}: {len(examples)} problems", flush=True)
-                per[name] = run_benchmark(engine, tok, suite, name, examples, f)
+                per[name] = run_benchmark(engine, tok, suite, name, examples, f, chat)
     macro = macro_average(per)
     (out / "table.md").write_text(table(per, macro))
     model, weights = str(target.run_dir or target.base), str(target.weights or target.base)
     config = {"suite": suite.model_dump(), "model": model, "weights": weights, "kind": target.kind, "prompt": prompt}
+    config["chat_template_kwargs"] = chat
     (out / "config.json").write_text(json.dumps(config | options.model_dump(exclude={"max_batch"}), indent=2) + "\n")
     summary = {"suite": suite.name, "model": model, "weights": weights, "prompt": prompt, "benchmarks": per, "macro": macro}
     summary["seconds"] = round(time.time() - start, 1)

@@ -84,8 +84,9 @@ class Run:
         task = DATASETS.get(ds.name)(ds)  # data first: a missing file fails before the model loads
         self.model_dir = resolve_model_dir(cfg.model)
         self.tok = load_tokenizer(self.model_dir)
-        self.train_ids, train_ex, self.dropped = encode_prompts(task.train, self.tok, ds.max_prompt_length)
-        test_ids, test_ex, _ = encode_prompts(task.test[: ev.max_examples], self.tok, ds.max_prompt_length)
+        chat = cfg.model.chat_template_kwargs  # Qwen3's enable_thinking and the like
+        self.train_ids, train_ex, self.dropped = encode_prompts(task.train, self.tok, ds.max_prompt_length, chat)
+        test_ids, test_ex, _ = encode_prompts(task.test[: ev.max_examples], self.tok, ds.max_prompt_length, chat)
         self.backend = BACKENDS.get(hw.backend)(self.model_dir, cfg)
         self.engine = ENGINES.get(cfg.rollout.name)(self.model_dir, self.tok, cfg.rollout, policy=self.backend.policy)
         np.random.seed(cfg.seed + self.dist.rank)  # vLLM's GPU runner seeds each unseeded request from NumPy's global RNG

@@ -1,6 +1,6 @@
 """The policy update's memory per GPU, component by component (``pods.memory`` adds the rollout engine).
 
-Counted from the code path that runs (``pods.backends``: transformers' Qwen2/Llama layers with SDPA attention,
+Counted from the code path that runs (``pods.backends``: transformers' Qwen2/Qwen3/Llama layers with SDPA attention,
 peft's LoRA layers, ``pods.losses.chunked_token_stats``, DeepSpeed ZeRO): what stays between updates (weights,
 optimizer state, ZeRO buffers), then one micro-batch's gradients, saved activations and the largest transient
 of its backward pass, or the optimizer step's temporaries, whichever peak is higher. Bytes, not GB, inside.
@@ -8,7 +8,7 @@ of its backward pass, or the optimizer step's temporaries, whichever peak is hig
 
 from __future__ import annotations
 
-from pods.architectures import head_dim, parameter_count
+from pods.architectures import QK_NORM_TYPES, head_dim, parameter_count
 from pods.engines.memory import DTYPE_BYTES, seq_tokens
 from pods.plan import largest_micro_batch, token_budget_rows
 
@@ -19,7 +19,7 @@ ZERO_DEFAULTS = {"reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7, 
 
 
 def linear_shapes(arch: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) of each linear layer of one decoder layer (Qwen2/Llama)."""
+    """(in, out) of each linear layer of one decoder layer (Qwen2/Qwen3/Llama: attention widths heads x head_dim)."""
     h, i, hd = arch["hidden_size"], arch["intermediate_size"], head_dim(arch)
     q, kv = arch["num_attention_heads"] * hd, arch["num_key_value_heads"] * hd
     names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -49,13 +49,18 @@ def layer_saved_bytes(arch: dict, a: int, full: bool, lora: tuple[set, int] | No
     keeps gate, up and act(gate). Trainable base weights add the normalised norm inputs and the inputs of q/k/v,
     gate/up and down. A LoRA adapter (fp32 weights) keeps its input: an fp32 copy
     per adapter when activations are bf16 (peft casts x to the adapter's dtype), shared ones when fp32; plus its
-    r-wide output. Equal to autograd's saved tensors on CPU, fp32 and bf16 (tests/unit/test_memory.py).
+    r-wide output. Qwen3's per-head q/k RMSNorms keep their fp32 inputs and 1/rms per head, and, when their weights
+    train, their normalised outputs. Attention's widths are heads x head_dim (Qwen3-4B: 4,096 on a hidden size of
+    2,560). Equal to autograd's saved tensors on CPU, fp32 and bf16, Qwen2 and Qwen3 (tests/unit/test_memory.py).
     """
-    h, i = arch["hidden_size"], arch["intermediate_size"]
-    heads = arch["num_attention_heads"]
-    b = 2 * 4 * h + 8 + 4 * a * h + 4 * heads + 3 * a * i
+    h, i, hd = arch["hidden_size"], arch["intermediate_size"], head_dim(arch)
+    heads, kv_heads = arch["num_attention_heads"], arch["num_key_value_heads"]
+    q, kv = heads * hd, kv_heads * hd
+    b = 2 * 4 * h + 8 + 4 * a * q + 4 * heads + 3 * a * i
     if full:
         b += 2 * a * h + 2 * a * h + a * i
+    if arch.get("model_type") in QK_NORM_TYPES:
+        b += 4 * (q + kv) + 4 * (heads + kv_heads) + full * a * (q + kv)
     if lora:
         targets, r = lora
         shapes = linear_shapes(arch)

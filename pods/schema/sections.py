@@ -91,6 +91,7 @@ class Model(Section):
     cache_dir: str | None = None  # default: $PODS_CACHE or <repo>/.cache
     spec: dict[str, Any] = {}  # builder options (tiny: overrides of pods.tiny.DEFAULT_SPEC)
     quantization: Literal["4bit"] | None = None  # 4bit: bitsandbytes NF4 base under a LoRA adapter (GPU only)
+    chat_template_kwargs: dict[str, Any] = {}  # passed to every apply_chat_template (Qwen3: {enable_thinking: false})
 
 
 class Hub(Section):

@@ -103,17 +103,21 @@ def zero_score(recipe_fn: Callable, timed_out: bool, error: str) -> Score:
     return Score(terms={k: 0.0 for k in terms}, correct=False, formatted=False, timed_out=timed_out, error=error)
 
 
-def encode_prompts(examples: list[Example], tokenizer, max_prompt_length: int | None) -> tuple[list[list[int]], list[Example], int]:
-    """Apply the chat template and tokenize; drop prompts longer than ``max_prompt_length`` tokens.
+def encode_prompts(
+    examples: list[Example], tokenizer, max_prompt_length: int | None, chat_template_kwargs: dict | None = None
+) -> tuple[list[list[int]], list[Example], int]:
+    """Apply the chat template (with ``chat_template_kwargs``, the model section's: Qwen3's ``enable_thinking``) and
+    tokenize; drop prompts longer than ``max_prompt_length`` tokens.
 
     Returns (token ids, kept examples, number dropped).
     """
+    kwargs = dict(chat_template_kwargs or {})
     ids, kept = [], []
     for ex in examples:
         if ex.prompt_text is not None:
             toks = tokenizer(ex.prompt_text, add_special_tokens=False)["input_ids"]
         else:
-            toks = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True)
+            toks = tokenizer.apply_chat_template(list(ex.messages), add_generation_prompt=True, tokenize=True, **kwargs)
             if hasattr(toks, "keys"):  # some tokenizers return a BatchEncoding
                 toks = toks["input_ids"]
         toks = list(toks)

@@ -381,6 +381,8 @@ PATHS = [
     "d3s_qwen2_5_math_7b_grpo_pods_h100x8",
     "sparse_rl_qwen2_5_3b_dense",
     "sparse_rl_qwen2_5_3b_rkv",
+    "gsm8k_qwen0_5b_grpo_ga_1gpu",  # the one-GPU quickstart: full fine-tuning, one process, colocated vLLM
+    "gsm8k_qwen0_5b_pods_1gpu",
 ]
 
 

@@ -41,16 +41,20 @@ def changed(cfg, section: str, **values):
     return out
 
 
-def random_model(directory: Path, spec: dict, dtype: str = "float32"):
-    """A Qwen2 model of ``pods.architectures.tiny_config(spec)`` with random weights (saved when ``directory``)."""
+def random_model(directory: Path, spec: dict, dtype: str = "float32", **fields):
+    """A Qwen2 (or Qwen3: ``spec["architecture"]``) model of ``pods.architectures.tiny_config(spec)`` updated by
+    ``fields`` with random weights (saved when ``directory``)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     from pods.architectures import tiny_config
 
     torch.manual_seed(0)
-    arch = {k: v for k, v in tiny_config(spec).items() if k not in ("architectures", "torch_dtype")}
-    model = Qwen2ForCausalLM(Qwen2Config(**arch)).to(getattr(torch, dtype))
+    config = tiny_config(spec) | fields
+    arch = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype", "model_type")}
+    prefix = config["architectures"][0].removesuffix("ForCausalLM")
+    cls = getattr(transformers, f"{prefix}ForCausalLM")
+    model = cls(getattr(transformers, f"{prefix}Config")(**arch)).to(getattr(torch, dtype))
     if directory:
         model.save_pretrained(directory)
     return model
@@ -92,21 +96,27 @@ def measure_update(cfg_file: str) -> None:
     print(json.dumps({"base": base, "peak": _status("VmHWM")}))
 
 
+QWEN3_WIDE = {"architecture": "qwen3"}, {"head_dim": 128}  # Qwen3 with heads x head_dim (512) > hidden (256), as in Qwen3-4B
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_layer_activations_equal_autograds_saved_tensors(dtype, lora):
+@pytest.mark.parametrize("kind", [({}, {}), QWEN3_WIDE], ids=["qwen2", "qwen3"])
+def test_layer_activations_equal_autograds_saved_tensors(dtype, lora, kind):
     """Per decoder layer, what autograd keeps for backward (unique storages other than parameters, counted with
     saved_tensors_hooks) equals ``layer_saved_bytes`` x tokens + the layer's float copy of the padding mask, to the
-    byte: the difference between a 3-layer and a 1-layer model on CPU."""
+    byte: the difference between a 3-layer and a 1-layer model on CPU. Qwen3's q/k norms and its attention wider than
+    the hidden size included."""
     import torch
 
     from pods.memory.update import layer_saved_bytes
 
-    spec, (B, T), r = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768}, (4, 96), 16
+    (arch_spec, fields), (B, T), r = kind, (4, 96), 16
+    spec = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768, **arch_spec}
     targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
     def saved(layers: int) -> int:
-        model = random_model(None, {**spec, "num_hidden_layers": layers}, dtype)
+        model = random_model(None, {**spec, "num_hidden_layers": layers}, dtype, **fields)
         if lora:
             from peft import LoraConfig, get_peft_model
 
@@ -127,7 +137,7 @@ def test_layer_activations_equal_autograds_saved_tensors(dtype, lora):
     from pods.architectures import tiny_config
 
     a = 4 if dtype == "float32" else 2
-    per_layer = layer_saved_bytes(tiny_config(spec), a, full=not lora, lora=(targets, r) if lora else None)
+    per_layer = layer_saved_bytes(tiny_config(spec) | fields, a, full=not lora, lora=(targets, r) if lora else None)
     assert (saved(3) - saved(1)) / 2 == per_layer * B * T + B * T * T * a
 
 
