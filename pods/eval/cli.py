@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     args = parse_args(argv)
     from pods.eval.benchmarks import compose_suite
-    from pods.eval.run import Options, check_options, evaluate_suite, load_suite, suite_prompt
+    from pods.eval.run import Options, check_options, check_target, evaluate_suite, load_suite, suite_prompt
     from pods.eval.weights import resolve
     from pods.files import writable
     from pods.schema import validated
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.each_checkpoint:
             return each(args, suite, options)
         target = resolve(args.model, args.checkpoint)
+        check_target(target, options)
         out = writable((args.out or target.run_dir or Path(".")) / "eval" / suite.name, "--out", directory=True)
         data = load_suite(suite, suite_prompt(suite, target.run_cfg))
         evaluate_suite(suite, target, options, out, data)  # what it refuses (weights that do not fit) it refuses before writing

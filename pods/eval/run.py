@@ -42,6 +42,25 @@ def check_options(options: Options) -> None:
         raise ConfigError(f"engine {options.engine}: {package} is not installed (pip install '.[cpu]' or '.[gpu]'), or use engine hf")
 
 
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def check_target(target: Target, options: Options) -> None:
+    """A run trained over a 4-bit base is evaluated over that base (bitsandbytes NF4, as it trained, as ``pods-export``
+    merges it): it needs ``--device cuda`` and a CUDA GPU; ``ConfigError`` in one line, before anything loads."""
+    from pods.eval.weights import quantization
+
+    if quantization(target) != "4bit":
+        return
+    if not options.device.startswith("cuda") or not has_cuda():
+        where = "no CUDA device is visible" if options.device.startswith("cuda") else f"--device is {options.device}"
+        raise ConfigError(
+            f"{target.run_dir or target.base} trained on a 4-bit base (model.quantization=4bit): it is evaluated over that "
+            f"base, which needs bitsandbytes on a CUDA GPU (--device cuda); {where}"
+        )
+
+
 def suite_prompt(suite: Suite, run_cfg: dict | None) -> str:
     """The suite's prompt, else the run's training prompt, else ``pods_instruct`` (a plain model)."""
     return suite.prompt or (run_cfg or {}).get("dataset", {}).get("prompt_format") or "pods_instruct"
@@ -66,14 +85,15 @@ def build_engine(target: Target, options: Options, stack: ExitStack, near: Path)
     from pods.engines import ENGINES
     from pods.engines.base import PolicyEngine
     from pods.eval.merge import engine_dir
-    from pods.eval.weights import load
+    from pods.eval.weights import load, quantization
     from pods.models import load_tokenizer
 
     cls, tok = ENGINES.get(options.engine), load_tokenizer(target.tokenizer or target.base)
+    quantized = quantization(target) == "4bit"  # the adapter over the NF4 base it trained on, not over the bf16 base
     given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
     section = validated(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
     if issubclass(cls, PolicyEngine):
-        model, base = load(target, options.device, options.dtype)
+        model, base = load(target, options.device, options.dtype, quantized=quantized)
         return cls(base, tok, section, policy=model), tok
     return cls(stack.enter_context(engine_dir(target, options.dtype, tok, near)), tok, section), tok
 
@@ -143,6 +163,7 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
 
     start = time.time()
     check_options(options)
+    check_target(target, options)
     prompt = suite_prompt(suite, target.run_cfg)
     data = load_suite(suite, prompt) if data is None else data
     with ExitStack() as stack:  # a temporary weights directory (vLLM) is deleted when the evaluation ends, or fails
