@@ -91,13 +91,13 @@ def done(out: Path, config: dict) -> bool:
 def evaluate_each(run: Path, suite, options, root: Path, chosen: list[Point], data: dict) -> list[str]:
     """Evaluate each point here, one after another, into ``root/checkpoints/<point>/``; the points that failed (one
     line each, the others go on)."""
-    from pods.eval.run import evaluate_suite
+    from pods.eval.run import evaluate_suite, recorded
     from pods.eval.weights import resolve
 
     failed = []
     for i, p in enumerate(chosen, 1):
         out = root / "checkpoints" / p.name
-        if done(out, {"suite": suite.model_dump(), **options.model_dump(exclude={"max_batch"})}):
+        if done(out, {"suite": suite.model_dump(), **recorded(options)}):
             print(f"[pods-eval] {p.name} ({i}/{len(chosen)}): evaluated already ({out}/summary.json)", flush=True)
             continue
         print(f"[pods-eval] {p.name} ({i}/{len(chosen)}, step {p.step}) -> {out}", flush=True)
