@@ -105,7 +105,10 @@ def state_lines(cfg, arch: dict) -> list[tuple[str, float, str]]:
         out.append(
             ("reference model (KL)", P * w / (n if stage == 3 else 1), "frozen copy" + (" (ZeRO-3 partition)" if stage == 3 else ""))
         )
-    out.append(("gradients", trainable * tbytes / n, f"{trainable / 1e6:.0f}M x {tbytes} B" + (f" / {n} ranks" if ds else "")))
+    if ds:  # ZeRO's gradient partitions accumulate in float32 (pods.backends.deepspeed: data_types.grad_accum_dtype)
+        out.append(("gradients", trainable * 4 / n, f"{trainable / 1e6:.0f}M x 4 B (fp32 accumulation) / {n} ranks"))
+    else:
+        out.append(("gradients", trainable * tbytes, f"{trainable / 1e6:.0f}M x {tbytes} B"))
     if ds:
         optim, how = (0.0, "offloaded") if hw.deepspeed.offload_optimizer else (12 * P / n, f"fp32 master + m + v: 12 B/param / {n} ranks")
     elif opt == "adamw_8bit":

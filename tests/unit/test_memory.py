@@ -282,3 +282,19 @@ def test_a_cpu_run_is_never_refused():
 
 if __name__ == "__main__":
     measure_update(sys.argv[1])
+
+
+def test_zero_gradients_are_counted_as_the_float32_accumulation_buffer():
+    """ZeRO accumulates micro-batch gradients in float32 (``data_types.grad_accum_dtype``, pods.backends.deepspeed):
+    a bf16 ZeRO-3 run's gradient partition is 4 B per parameter over the ranks, not the module's 2 B."""
+    from pods.architectures import parameter_count
+    from pods.backends.deepspeed import ds_config
+    from pods.memory.estimator import architecture
+    from pods.memory.update import state_lines
+
+    cfg = compose(["experiment=gsm8k_qwen3b_pods_h100x8"])
+    assert (cfg.hardware.dtype, cfg.hardware.deepspeed.stage, cfg.hardware.nproc_per_node) == ("bfloat16", 3, 8)
+    assert ds_config(cfg.hardware, cfg.optim)["data_types"] == {"grad_accum_dtype": "fp32"}
+    arch = architecture(cfg.model)
+    lines = {name: (b, how) for name, b, how in state_lines(cfg, arch)}
+    assert lines["gradients"][0] == 4 * parameter_count(arch) / 8 and "fp32 accumulation" in lines["gradients"][1]
