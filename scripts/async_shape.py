@@ -26,7 +26,9 @@ def shape(gpus: int, servers: int | None, overrides: list[str]) -> tuple[int, in
     if gpus and nproc > gpus:
         raise ConfigError(f"hardware.nproc_per_node={nproc} trainer processes but {gpus} GPU(s) per node: sbatch --gpus-per-node={nproc}")
     if gpus and k > gpus:
-        raise ConfigError(f"{k} vLLM servers (one GPU each) but {gpus} GPU(s) on the servers' node: fewer servers (PODS_SERVERS) or more GPUs")
+        raise ConfigError(
+            f"{k} vLLM servers (one GPU each) but {gpus} GPU(s) on the servers' node: fewer servers (PODS_SERVERS) or more GPUs"
+        )
     if nproc > 1:
         os.environ["WORLD_SIZE"] = str(nproc)  # the trainer runs under torchrun with that many ranks
     compose(["rollout=vllm_server", *overrides, f"rollout.servers={k}", "rollout.port=8000"])  # the trainer's checks, now

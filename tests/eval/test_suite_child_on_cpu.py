@@ -30,7 +30,9 @@ def test_the_suites_vllm_gets_its_longest_sequence_and_the_profiles_share():
     from pods.schema.rollouts import HfRollout, VllmRollout
 
     cfg = root(["hardware=l40s_lora", "rollout=hf", "eval.suite=toy", "eval.suite_engine=vllm", "hardware.vllm_alone_share=0.9"])
-    bench = compose_suite("toy", ["suite.max_prompt_length=300", "suite.max_tokens=200", "+suite.per_benchmark={toy_long: {max_tokens: 700}}"])
+    bench = compose_suite(
+        "toy", ["suite.max_prompt_length=300", "suite.max_tokens=200", "+suite.per_benchmark={toy_long: {max_tokens: 700}}"]
+    )
     how = options(cfg, bench)
     assert (how.engine, how.device, how.max_model_len, how.gpu_memory_utilization) == ("vllm", "cuda", 1000, 0.9)
     vllm, hf = type("Vllm", (), {"section": VllmRollout}), type("Hf", (), {"section": HfRollout})
@@ -83,7 +85,17 @@ def test_after_a_real_run_the_trainers_engines_are_dead_before_the_suite(monkeyp
         return seen[-1]
 
     monkeypatch.setattr(pods.engines.base, "alive", spy)
-    p = door("pods.train", [*TINY_STEPS, "train.max_steps=1", "train.prompts_per_step=1", f"train.max_staleness={staleness}", *SUITE, f"hydra.run.dir={tmp_path}"])
+    p = door(
+        "pods.train",
+        [
+            *TINY_STEPS,
+            "train.max_steps=1",
+            "train.prompts_per_step=1",
+            f"train.max_staleness={staleness}",
+            *SUITE,
+            f"hydra.run.dir={tmp_path}",
+        ],
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert seen == [[]]  # asked once, at the end, and the engine, backend and policy were gone
     assert (tmp_path / "eval" / "toy" / "summary.json").is_file()

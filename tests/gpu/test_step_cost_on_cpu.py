@@ -73,6 +73,10 @@ def test_the_cpu_mode_writes_what_the_demo_reads(tmp_path):
         assert float(r["pods_generate_s"]) > float(r["grpo16_generate_s"])  # 64 rollouts against 16
         assert float(r["ga_update_s"]) > float(r["pods_update_s"])  # 64 sequences trained against 16
     steps = list(csv.DictReader((tmp_path / "gpu" / "cpu" / "step_cost.csv").open()))
-    assert len(steps) == 6 and {(s["arm"], s["n"], s["m"]) for s in steps} == {("grpo16", "16", "16"), ("pods", "64", "16"), ("ga", "64", "16")}
+    assert len(steps) == 6 and {(s["arm"], s["n"], s["m"]) for s in steps} == {
+        ("grpo16", "16", "16"),
+        ("pods", "64", "16"),
+        ("ga", "64", "16"),
+    }
     text = demo_reads(tmp_path / "demo", tmp_path / "gpu")
     assert f"model, step-cost bench cpu lora: PODS step {float(summary[0]['pods_over_grpo16']):.2f}x" in text

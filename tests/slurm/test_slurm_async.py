@@ -29,7 +29,14 @@ def job(cluster, tmp_path, gpus: int, args: list[str], **given) -> tuple[str, st
     environment)."""
     env = {**cluster.env, "PODS_ROOT": str(ROOT), "PODS_PYTHON": sys.executable, "PODS_RUN_DIR": str(tmp_path / "run")}
     env |= {"PODS_ALLOW_CPU": "1", "PODS_DRY_RUN": "1", "OMP_NUM_THREADS": "1", **given}
-    cmd = ["sbatch", "--parsable", *NODE, f"--gpus-per-node={gpus}", f"--output={tmp_path}/%j.out", str(ROOT / "slurm" / "run_async.sbatch")]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        *NODE,
+        f"--gpus-per-node={gpus}",
+        f"--output={tmp_path}/%j.out",
+        str(ROOT / "slurm" / "run_async.sbatch"),
+    ]
     jid = cluster.run([*cmd, *ARGS, *args], env=env, cwd=tmp_path).stdout.strip().split(";")[0]
     state = cluster.wait(jid, timeout=300)
     return state, (tmp_path / f"{jid}.out").read_text() + f"\n(job {jid}: {cluster.job(jid)})"
