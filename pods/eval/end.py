@@ -25,13 +25,16 @@ def options(cfg: Root, bench=None):
     from pods.eval.benchmarks import plan_for, selected
     from pods.eval.run import Options
 
+    from pods.schema.rollouts import ROLLOUTS
+
+    hw, engine = cfg.hardware, cfg.eval.suite_engine
+    how = Options(engine=engine, device=hw.device, dtype=hw.dtype)
+    if "max_model_len" not in ROLLOUTS[engine].model_fields:  # an engine that sizes no cache of its own (HF)
+        return how
     length = None
     if bench is not None and bench.max_prompt_length is not None:
         length = bench.max_prompt_length + max(plan_for(bench, name).max_tokens for name in selected(bench))
-    hw = cfg.hardware
-    return Options(
-        engine=cfg.eval.suite_engine, device=hw.device, dtype=hw.dtype, max_model_len=length, gpu_memory_utilization=hw.vllm_alone_share
-    )
+    return how.model_copy(update={"max_model_len": length, "gpu_memory_utilization": hw.vllm_alone_share})
 
 
 def trainer_gone(device: str) -> None:

@@ -39,7 +39,9 @@ def test_the_suites_vllm_gets_its_longest_sequence_and_the_profiles_share():
     given = engine_settings(vllm, how, context=None)
     assert (given["max_model_len"], given["gpu_memory_utilization"], given["dtype"]) == (1000, 0.9, "bfloat16")
     assert set(engine_settings(hf, how, context=None)) == {"name", "max_batch"}
-    assert options(root(["eval.suite=toy"])).gpu_memory_utilization == 0.85  # the default share of a GPU vLLM has alone
+    assert options(root(["eval.suite=toy", "eval.suite_engine=vllm"])).gpu_memory_utilization == 0.85  # the default share
+    hf = options(root(["eval.suite=toy"]))  # HF sizes no cache: nothing to record
+    assert (hf.max_model_len, hf.gpu_memory_utilization) == (None, None)
 
 
 def test_without_a_prompt_bound_the_length_is_the_longest_prompt_plus_the_largest_completion(tiny_dir):
