@@ -24,7 +24,6 @@ def options(cfg: Root, bench=None):
     profile's share of a GPU it has alone (``hardware.vllm_alone_share``), not vLLM's default 0.5."""
     from pods.eval.benchmarks import plan_for, selected
     from pods.eval.run import Options
-
     from pods.schema.rollouts import ROLLOUTS
 
     hw, engine = cfg.hardware, cfg.eval.suite_engine
