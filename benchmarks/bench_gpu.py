@@ -28,6 +28,10 @@ with small sizes (``tests/gpu/test_bench_gpu.py``), so it is known to work befor
    plotted per step in panel (c) of figure1.png. Random-weight models get random +-1 advantages (their rewards are
    all 0) so every step moves them.
 
+5. ``--step-cost`` (instead of 1-4): the loop's three arms, GRPO 16/16, PODS 64->16 and GRPO-GA 64 in micro-batches
+   of 16, a few steps each, LoRA r = 64 and full fine-tuning, on a random 3B (CUDA) or the tiny model (CPU):
+   ``step_cost.csv`` and ``step_summary.csv``, the file ``pods.demo``'s cost model reads (``benchmarks/step_cost.py``).
+
 Sizes and model (defaults: the mode's, above): ``--rollouts 16,32,...`` the generation sweep's batch sizes,
 ``--micro-batches 1,2,4,...`` the update sweep's (the GA point stays at 2x the largest that fit), ``--models tiny``
 the models measured (keys of ``LABELS``; ``tiny`` = the warm-started tiny model the CPU miniature trains, measured
@@ -290,6 +294,9 @@ class PeakMemory:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         return self._status_mib("VmRSS")
 
+    def now(self) -> float:
+        return now_s(self.device)
+
     def peak(self) -> float:
         import torch
 
@@ -451,6 +458,40 @@ def phase_loop(a, out: dict) -> None:
     out["eval_accuracy"] = last.get("accuracy")
 
 
+# ---- 5. --step-cost: the loop's three arms per step (benchmarks/step_cost.py) ----------------------------------
+def phase_steps(a, out: dict) -> None:
+    import step_cost
+    import torch
+
+    from pods.advantages import ADVANTAGES
+
+    random_sign.gen = torch.Generator().manual_seed(0)
+    if "bench_random_sign" not in ADVANTAGES:
+        ADVANTAGES.register("bench_random_sign", random_sign)
+    a.optimizer = optimizer(a)
+    step_cost.measure(a, out, compose, PeakMemory)
+
+
+def measure_step_cost(a, parts: Path, info: dict, out_dir: Path) -> int:
+    """``--step-cost``: one process per finetune (LoRA, full), then step_cost.csv, step_summary.csv, step_cost.txt."""
+    import step_cost
+
+    model = a.setting["models"][0]
+    rows, errors = [], []
+    for ft in ("lora", "full"):
+        res = run_phase(a, "steps", parts / f"steps_{ft}.json", model=model, finetune=ft, model_info=info["models"][model])
+        rows += res.get("rows", [])
+        errors += [f"steps {ft}: {res['error'].splitlines()[-1]}"] if "error" in res else []
+    write_csv(out_dir / "step_cost.csv", [{"device": info["device_name"], **r} for r in rows])
+    summary = step_cost.summarise(rows, LABELS[model]) if rows else []
+    write_csv(out_dir / "step_summary.csv", [{"device": info["device_name"], **r} for r in summary])
+    text = step_cost.table(summary, info["device_name"]) + "".join(f"FAILED: {e}\n" for e in errors)
+    (out_dir / "step_cost.txt").write_text(text)
+    print(text, end="")
+    print(f"[bench_gpu] wrote {out_dir}/step_summary.csv")
+    return 1 if errors or not summary else 0
+
+
 # ---- the figure: two panels like the paper's Figure 1 ----------------------------------------------------------
 def gap_panel(ax, loop: list[dict]) -> None:
     """(c) the update's own ``sampler_gap`` per step of each loop run (solid), against what one step moved the
@@ -538,7 +579,7 @@ def figure1(gen: list[dict], upd: list[dict], path: Path, title: str, info: dict
 
 
 # ---- the driver: one process per measurement, then the CSVs, the figure and the summary --------------------------
-PHASES = {"build": phase_build, "generation": phase_generation, "update": phase_update, "loop": phase_loop}
+PHASES = {"build": phase_build, "generation": phase_generation, "update": phase_update, "loop": phase_loop, "steps": phase_steps}
 
 
 def run_phase(a, phase: str, result: Path, **job) -> dict:
@@ -567,6 +608,7 @@ def phase_args(a, phase: str, result: Path, job: dict) -> list[str]:
     """The command line of one measurement's process: the driver's device, engine and sizes (its ``setting``), and the job."""
     args = ["--phase", phase, "--result", str(result), "--device", a.device, "--engine", a.engine, "--models-dir", a.models_dir]
     args += ["--small"] if a.small else []
+    args += ["--step-cost", f"--repeats={a.repeats}"] if a.step_cost else []
     args += [f"--models={','.join(a.models)}"] if a.models else []
     args += [f"--rollouts={_ints(a.rollouts)}"] if a.rollouts else []
     args += [f"--micro-batches={_ints(a.micro_batches)}"] if a.micro_batches else []
@@ -642,6 +684,8 @@ def measure_all(a, parts: Path) -> int:
         return 1
     out_dir = out_dir / (a.name or re.sub(r"[^a-z0-9]+", "-", info["device_name"].lower()).strip("-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    if a.step_cost:
+        return measure_step_cost(a, parts, info, out_dir)
     gen, upd, loop = [], [], []
     jobs = [("generation", gen, dict(model=m)) for m in s["models"]]
     jobs += [("update", upd, dict(model=m, finetune=ft)) for m in s["models"] for ft in ("full", "lora")]
@@ -695,6 +739,8 @@ def parse(argv=None):
         "--micro-batches", type=_int_list, help="update sweep: rollouts per micro-batch, e.g. 1,2,4 (default: doubling to the mode's cap)"
     )
     p.add_argument("--no-loop", action="store_true", help="Figure 1 only: no training loop, no log-prob check")
+    p.add_argument("--step-cost", action="store_true", help="the loop's three arms per step -> step_summary.csv (benchmarks/step_cost.py)")
+    p.add_argument("--repeats", type=int, default=4, help="--step-cost: rounds after the warm-up")
     p.add_argument("--phase", choices=list(PHASES), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -707,6 +753,8 @@ def parse(argv=None):
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     a.setting = dict(SETTINGS[a.device + ("-small" if a.small else "")])
     a.setting["micro_batches"] = [2**i for i in range(a.setting["max_micro"].bit_length()) if 2**i <= a.setting["max_micro"]]
+    if a.step_cost:  # a random 3B on CUDA, the warm-started tiny model on CPU
+        a.setting["models"] = [QWEN3B] if a.device == "cuda" else ["tiny"]
     for key, value in (("models", a.models), ("batches", a.rollouts), ("micro_batches", a.micro_batches)):
         if value:
             a.setting[key] = value

@@ -47,10 +47,12 @@ def end_mode(train: Train) -> str:
 
 
 def rng_state() -> dict:
-    """Every global RNG as tensors and ints (loadable with ``weights_only=True``)."""
+    """Every global RNG as tensors and ints (loadable with ``weights_only=True``); with CUDA in use, this process's
+    CUDA generators too (``cuda``: one state per visible device; sampling on a GPU draws from them)."""
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
+    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() and torch.cuda.is_initialized() else {}
+    return cuda | {
         "torch": torch.get_rng_state(),
         "python": {"version": version, "mt": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
         "numpy": {
@@ -64,7 +66,11 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """The states ``rng_state`` took; the CUDA generators when the checkpoint has them and this process sees as many
+    devices (a checkpoint written without CUDA leaves them as they are)."""
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
+        torch.cuda.set_rng_state_all(state["cuda"])
     p, n = state["python"], state["numpy"]
     random.setstate((p["version"], tuple(p["mt"].tolist()), p["gauss"]))
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))

@@ -151,20 +151,22 @@ def caveat(runs: dict) -> list[str]:
 
 def cost_model(runs: dict, gpu_results: Path = Path("results/gpu")) -> list[str]:
     """A COST MODEL, not a measurement: the measured per-step curves of GRPO 16/16 and PODS 64->16 put on a GPU's
-    clock, x = steps x s/step, with the paper's L40S costs and with each ``make gpu-check`` per-step ratio found
-    under ``gpu_results`` (``<gpu>/step_summary.csv``, n = 64); the band metric on those modelled curves."""
+    clock, x = steps x s/step, with the paper's L40S costs and with each per-step ratio the GPU step-cost bench
+    (``benchmarks/bench_gpu.py --step-cost``) wrote under ``gpu_results`` (``<gpu>/step_summary.csv``, the first row
+    at n = 64: LoRA when it was measured); the band metric on those modelled curves."""
     if GRPO not in runs or PODS not in runs:
         return []
     costs = {f"paper's L40S {PAPER_L40S[0]} s / {PAPER_L40S[1]} s per step": PAPER_L40S}
     for path in sorted(gpu_results.glob("*/step_summary.csv")):
         rows = [r for r in csv.DictReader(path.open()) if r.get("n") == "64" and r.get("pods_over_grpo16")]
         if rows:
-            costs[f"make gpu-check {path.parent.name}: PODS step {float(rows[0]['pods_over_grpo16']):.2f}x"] = (
+            what = f"{path.parent.name}" + (f" {rows[0]['finetune']}" if rows[0].get("finetune") else "")
+            costs[f"step-cost bench {what}: PODS step {float(rows[0]['pods_over_grpo16']):.2f}x"] = (
                 1.0,
                 float(rows[0]["pods_over_grpo16"]),
             )
     lines = [
-        f"GPU COST MODEL (not a measurement): the per-step curves above on a modelled clock; make gpu-check ratios found: {len(costs) - 1}"
+        f"GPU COST MODEL (not a measurement): the per-step curves above on a modelled clock; step-cost bench ratios found: {len(costs) - 1}"
     ]
     for name, (c_grpo, c_pods) in costs.items():
         base = [(xs * c_grpo, ys) for xs, ys in (r.curve("step") for r in runs[GRPO])]
@@ -212,7 +214,7 @@ def seeded(out: Path, seeds: list[int], overrides: list[str], redraw: bool) -> N
         print("[reproduce]", line)
 
 
-def per_step(out: Path, seeds: list[int], overrides: list[str], redraw: bool) -> None:
+def per_step(out: Path, seeds: list[int], overrides: list[str], redraw: bool, gpu_results: Path = Path("results/gpu")) -> None:
     """GRPO 16/16 against PODS 64->16 with a binary reward where most groups have zero reward variance, compared by
     optimizer steps (``PER_STEP``), and the GPU cost model on those curves; ``redraw``: from the runs alone."""
     t0, before = time.time(), machine_load()
@@ -227,7 +229,7 @@ def per_step(out: Path, seeds: list[int], overrides: list[str], redraw: bool) ->
     title = "binary reward, operands in [50, 149], tiny Qwen2, CPU: GRPO 16/16 vs PODS 64→16 (compare by steps)"
     lines = summarize(dirs, out, title, header, idle=False)
     runs = {label: [load_run(d) for d in ds] for label, ds in dirs.items() if ds}
-    lines += cost_model(runs)
+    lines += cost_model(runs, gpu_results)
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     for line in lines:
         print("[per-step]", line)
@@ -242,13 +244,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=out.get(mode, "results/cpu"), help="output directory")
     seeds = "1,2,3,4,5" if mode.startswith("per-step") else ",".join(map(str, range(1, 11)))
     p.add_argument("--seeds", default=seeds, help="reproduce, per-step: comma-separated seeds")
+    p.add_argument("--gpu-results", default="results/gpu", help="per-step: where the cost model finds <gpu>/step_summary.csv")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every arm, e.g. train.max_steps=20")
     args = p.parse_args(argv)
     try:
         if mode == "demo":
             demo(Path(args.out), args.overrides)
         elif mode.startswith("per-step"):
-            per_step(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "per-step-summarize")
+            seeds, redraw = [int(k) for k in args.seeds.split(",")], mode == "per-step-summarize"
+            per_step(Path(args.out), seeds, args.overrides, redraw, Path(args.gpu_results))
         else:
             seeded(Path(args.out), [int(k) for k in args.seeds.split(",")], args.overrides, redraw=mode == "summarize")
     except ConfigError as e:

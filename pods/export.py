@@ -3,8 +3,8 @@ Hugging Face model directory, which ``AutoModelForCausalLM.from_pretrained(OUT)`
 ``vllm.LLM(model=OUT)`` load as they would any model.
 
 The weights: ``--checkpoint`` (a file under ``RUN/checkpoints/`` or ``latest``), else ``final/``, else the newest
-checkpoint (as ``pods-eval`` picks them, ``pods.eval.weights``). A LoRA run's adapter is merged into its base in
-float32 and rounded once to ``--dtype`` (default: the run's ``hardware.dtype``); a run trained over a 4-bit NF4 base
+checkpoint (as ``pods-eval`` picks them, ``pods.eval.weights``). The weights load in the run's own dtype (its stored values,
+exactly); a LoRA run's adapter is merged into its base in float32 and rounded once to ``--dtype`` (default: the run's ``hardware.dtype``); a run trained over a 4-bit NF4 base
 (``model.quantization=4bit``) is loaded on that base as it trained (bitsandbytes, so only on a CUDA GPU) and
 dequantised (``pods.eval.merge``). OUT gets config.json, generation_config.json, model.safetensors (or shards with an
 index), the run's tokenizer with its chat template, and ``pods_export.json``: the provenance (run directory,
@@ -110,8 +110,9 @@ def export(target, out: Path, dtype: str) -> dict:
     quantized = quantization(target) == "4bit"
     if quantized:  # the base as it trained: NF4 on the GPU, its other tensors and dequantised values in the run's dtype
         model, _ = load(target, "cuda", target.run_cfg["hardware"].get("dtype", "bfloat16"), quantized=True)
-    else:  # float32: the stored weights exactly (a bfloat16 run's too), the merge summed once, rounded once to dtype
-        model, _ = load(target, "cpu", "float32")
+    else:  # the run's dtype: its stored weights exactly, at half float32's host memory for a bf16 run (30 GB at 7B
+        # otherwise); a LoRA delta is summed in float32 all the same and the sum rounded once to dtype (pods.eval.merge)
+        model, _ = load(target, "cpu", target.run_cfg["hardware"].get("dtype", "float32"))
     tok = load_tokenizer(target.tokenizer or target.base)
     partial = out.with_name(out.name + ".partial")
     try:

@@ -50,6 +50,7 @@ class Job:
     name: str = ""
     python: str | None = None  # the job's interpreter; None: ``job_python`` decides (launch() fills it in)
     cmd: list[str] | None = None  # a command other than pods.train (pods-eval --each-checkpoint's jobs); overrides unused
+    hardware: dict | None = None  # such a command's hardware section (its python, its resources); None: composed from overrides
 
 
 def machine_load() -> str:
@@ -119,7 +120,10 @@ def job_python(job: Job, env: dict | None = None) -> str:
 
 
 def _hardware(job: Job) -> dict:
-    """The job's composed hardware section (its ``key=value`` overrides; flags such as ``--cfg job`` left to Hydra)."""
+    """The job's hardware section: given (``Job.hardware``), else composed from its ``key=value`` overrides (flags such
+    as ``--cfg job`` left to Hydra)."""
+    if job.hardware is not None:
+        return job.hardware
     from pods.compose import compose_plain
 
     return compose_plain([o for o in job.overrides if "=" in o and not o.startswith("-")])["hardware"]
@@ -240,9 +244,7 @@ class Submitted:
 def _resources(job: Job) -> dict:
     """submitit parameters of one run: its ``hardware.slurm`` block, else conf/hydra/launcher/slurm.yaml's defaults
     (CPUs and memory: PODS_SLURM_CPUS, PODS_SLURM_MEM_GB as in slurm_cpu.yaml, else 2 and 8 GB)."""
-    from pods.compose import compose_plain
-
-    res = (compose_plain(job.overrides).get("hardware") or {}).get("slurm") or {}
+    res = _hardware(job).get("slurm") or {}
     env = {k: os.environ.get(f"PODS_SLURM_{k.upper()}") for k in ("partition", "account", "qos", "setup")}
     params = {
         "name": f"pods-{job.run_dir.name}",

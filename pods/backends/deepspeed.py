@@ -11,7 +11,8 @@ toolkit ``environment.yml`` does not install; ``torch_adam: false`` without nvcc
 Gradient accumulation belongs to the loop: ``Backend.update`` calls ``backward`` once per micro-batch with
 the step's normalisers and ``optimizer_step`` once, so DeepSpeed runs with ``gradient_accumulation_steps=1``
 (no rescaling of the loss) and ``managed_gradient_accumulation=false`` (``engine.step()`` is the boundary,
-whatever the number of micro-batches). DeepSpeed averages gradients over ranks; ``step_totals`` therefore
+whatever the number of micro-batches), with the micro-batches' gradients summed in float32 whatever the module's
+dtype (``data_types.grad_accum_dtype``; a bf16 module's gradients are bf16 each, their sum is not). DeepSpeed averages gradients over ranks; ``step_totals`` therefore
 returns the step's totals over all ranks / world, which makes the result exactly the gradient of the one
 big batch (also for ``token_mean``, where ranks hold different numbers of tokens). The learning rate is set
 by the loop before every step (no DeepSpeed scheduler), so the schedule never depends on accumulation.
@@ -65,6 +66,9 @@ def ds_config(hw: Hardware, o: Optim) -> dict:
         },
         "bf16": {"enabled": hw.dtype == "bfloat16"},
         "fp16": {"enabled": hw.dtype == "float16"},
+        # micro-batch gradients summed in float32 (DeepSpeed's default is the module's dtype: bf16 sums would round
+        # GRPO-GA's 16 micro-batches and PODS's 4 differently, the comparison the paper is about)
+        "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": zero,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,

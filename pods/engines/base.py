@@ -11,6 +11,8 @@ base of the engines that sample with the training module. Adding an engine is on
 
 from __future__ import annotations
 
+import gc
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,6 +34,22 @@ class EngineSpec:
 
 
 ENGINES = Registry("rollout engine", spec=EngineSpec)
+
+# What a training run held on its device (its engines, the backend, the policy module), by weak reference: the
+# end-of-run suite spawns its clean process only after every one of them is gone (``pods.eval.shards``)
+_HELD: list[tuple[str, weakref.ref]] = []
+
+
+def remember(**held) -> None:
+    """Keep a weak reference to each of a run's device holders (``name=object``; None skipped)."""
+    _HELD.extend((name, weakref.ref(obj)) for name, obj in held.items() if obj is not None)
+
+
+def alive() -> list[str]:
+    """The names of the remembered holders still alive after a garbage collection (the dead ones forgotten)."""
+    gc.collect()
+    _HELD[:] = [(name, ref) for name, ref in _HELD if ref() is not None]
+    return [name for name, _ in _HELD]
 
 
 class Sampling(sections.Sampling):

@@ -44,8 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="run directory: a file under checkpoints/ or 'latest' (default: final/)")
     p.add_argument("--engine", default="hf", choices=ENGINES.names(), help="generation engine (pods.engines.ENGINES; vllm: when installed)")
     p.add_argument("--out", type=Path, default=None, help="writes OUT/eval/<suite>/ (default: the run directory, else .)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=None, help="default: cpu (--launcher submitit: the run's hardware.device)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="default: float32 (submitit: the run's)")
     p.add_argument("--max-batch", type=int, default=64, help="sequences per generate call (hf, sparse_hf)")
     p.add_argument("--each-checkpoint", action="store_true", help="MODEL is a run: every checkpoint, one summary each, a curve")
     p.add_argument("--launcher", default="local", choices=["local", "submitit"], help="--each-checkpoint: here, or one SLURM job each")
@@ -59,20 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     args = parse_args(argv)
     from pods.eval.benchmarks import compose_suite
-    from pods.eval.run import Options, check_options, evaluate_suite, load_suite, suite_prompt
+    from pods.eval.run import Options, check_options, check_target, evaluate_suite, load_suite, suite_prompt
     from pods.eval.weights import resolve
     from pods.files import writable
     from pods.schema import validated
 
     try:  # everything checked before a model loads
         suite = compose_suite(args.suite, args.overrides)
-        options = validated(Options, {"engine": args.engine, "device": args.device, "dtype": args.dtype, "max_batch": args.max_batch}, "")
+        given = {"engine": args.engine, "device": args.device or "cpu", "dtype": args.dtype or "float32", "max_batch": args.max_batch}
+        options = validated(Options, given, "")
         check_options(options)
         if args.out is not None:
             writable(args.out, "--out", directory=True)
         if args.each_checkpoint:
             return each(args, suite, options)
         target = resolve(args.model, args.checkpoint)
+        check_target(target, options)
         out = writable((args.out or target.run_dir or Path(".")) / "eval" / suite.name, "--out", directory=True)
         data = load_suite(suite, suite_prompt(suite, target.run_cfg))
         evaluate_suite(suite, target, options, out, data)  # what it refuses (weights that do not fit) it refuses before writing
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def each(args: argparse.Namespace, suite, options) -> int:
     """``--each-checkpoint`` (``pods.eval.each``): 0 when every point was evaluated, 1 when one failed (said above)."""
-    from pods.eval.each import evaluate_each, select, submit_each, write_curve
+    from pods.eval.each import device_args, evaluate_each, select, submit_each, write_curve
     from pods.eval.run import load_suite, suite_prompt
     from pods.eval.weights import run_config
     from pods.files import writable
@@ -98,7 +100,7 @@ def each(args: argparse.Namespace, suite, options) -> int:
         data = load_suite(suite, suite_prompt(suite, run_config(run)))
         failed = evaluate_each(run, suite, options, root, chosen, data)
     else:
-        job = [*args.overrides, "--suite", args.suite, "--engine", args.engine, "--device", args.device, "--dtype", args.dtype]
+        job = [*args.overrides, "--suite", args.suite, "--engine", args.engine, *device_args(run, args.device, args.dtype)]
         job += ["--max-batch", str(args.max_batch), "--out", str(args.out or run)]
         failed = submit_each(run, root, chosen, job, args.launcher)
     curve = None if args.checkpoint else write_curve(root, chosen)  # one point (a job): the submitter writes the curve

@@ -10,8 +10,12 @@ evaluates only what is missing).
 Where: ``--launcher local`` (default) evaluates them one after another in this process; ``--launcher submitit``
 submits one SLURM job per point through ``pods.launch`` (its plain-submitit launcher: the executor, the resources
 from ``PODS_SLURM_*``, ``launch.json`` beside each summary; ``PODS_SUBMITIT_CLUSTER=local`` runs them as local
-processes). Each job runs this same command restricted to its point (``--checkpoint POINT``); this process waits for
-them all, then writes the curve.
+processes). Each job runs this same command restricted to its point (``--checkpoint POINT``) with the resources of the
+run's own profile (its ``hardware.slurm`` block; one GPU for a GPU run: an evaluation is one process) on the run's
+device and dtype unless ``--device`` / ``--dtype`` say otherwise; this process waits for them all, then writes the curve.
+
+A sharded (DeepSpeed ZeRO) checkpoint (``step_N.pt`` beside its ``step_N.shards/``) holds no model one process can
+load: it is left out up front, said in one line, and its ``final/`` (consolidated at the end) is evaluated.
 
 The curve: ``OUT/eval/<suite>/curve.csv``, one row per point and benchmark (and ``macro``, the suite's average):
 ``step, checkpoint, benchmark, avg@n, pass@k..., maj@k...``; ``curve.png``: avg@n against the training step.
@@ -40,8 +44,11 @@ def points(run: Path) -> list[Point]:
     """The run's checkpoints by step, then ``final/`` unless a checkpoint holds its step (see the module docstring)."""
     from pods.eval.weights import last_step
 
-    found = []
+    found, sharded = [], []
     for f in sorted((run / "checkpoints").glob("step_*.pt")):
+        if f.with_suffix(".shards").is_dir():  # DeepSpeed ZeRO's partitions: no model one process loads (final/ is whole)
+            sharded.append(f.name)
+            continue
         step = re.fullmatch(r"step_(\d+)\.pt", f.name)
         found.append(Point(f.stem, int(step.group(1)) if step else None, f.name))
     final = run / "final"
@@ -49,8 +56,11 @@ def points(run: Path) -> list[Point]:
         step = last_step(run)
         if step is None or step not in {p.step for p in found}:
             found.append(Point("final", step, None))
+    if sharded:
+        print(f"pods-eval: left out: {', '.join(sharded)} (sharded DeepSpeed checkpoints; final/ is whole)", file=sys.stderr, flush=True)
     if not found:
-        raise ConfigError(f"--each-checkpoint: {run} has no checkpoints (no checkpoints/step_*.pt and no final/)")
+        none = "only sharded (DeepSpeed) checkpoints and no final/" if sharded else "no checkpoints/step_*.pt and no final/"
+        raise ConfigError(f"--each-checkpoint: {run} has no checkpoint pods-eval can load ({none})")
     return found
 
 
@@ -81,13 +91,13 @@ def done(out: Path, config: dict) -> bool:
 def evaluate_each(run: Path, suite, options, root: Path, chosen: list[Point], data: dict) -> list[str]:
     """Evaluate each point here, one after another, into ``root/checkpoints/<point>/``; the points that failed (one
     line each, the others go on)."""
-    from pods.eval.run import evaluate_suite
+    from pods.eval.run import evaluate_suite, recorded
     from pods.eval.weights import resolve
 
     failed = []
     for i, p in enumerate(chosen, 1):
         out = root / "checkpoints" / p.name
-        if done(out, {"suite": suite.model_dump(), **options.model_dump(exclude={"max_batch"})}):
+        if done(out, {"suite": suite.model_dump(), **recorded(options)}):
             print(f"[pods-eval] {p.name} ({i}/{len(chosen)}): evaluated already ({out}/summary.json)", flush=True)
             continue
         print(f"[pods-eval] {p.name} ({i}/{len(chosen)}, step {p.step}) -> {out}", flush=True)
@@ -99,20 +109,44 @@ def evaluate_each(run: Path, suite, options, root: Path, chosen: list[Point], da
     return failed
 
 
-def submit_each(run: Path, root: Path, chosen: list[Point], job_args: list[str], launcher: str) -> list[str]:
-    """One job per point through ``pods.launch`` (``launcher``: ``submitit``), each running ``python -m pods.eval RUN
-    --each-checkpoint --checkpoint POINT JOB_ARGS``; waits for all; the points whose job failed."""
+def job_hardware(run: Path) -> dict:
+    """The hardware section an evaluation job of ``run`` asks SLURM for: the run's own profile (its ``slurm`` block:
+    CPUs, memory, time, constraint), one GPU on a GPU run (an evaluation is one process)."""
     from pods.eval.weights import run_config
-    from pods.gpu_env import job_python
-    from pods.launch import Job, launch
 
-    hardware = (run_config(run) or {}).get("hardware") or {}
+    hardware = dict((run_config(run) or {}).get("hardware") or {})
+    slurm = dict(hardware.get("slurm") or {})
+    slurm["gpus_per_node"] = 1 if hardware.get("device") == "cuda" else None
+    return {**hardware, "slurm": slurm}
+
+
+def device_args(run: Path, device: str | None, dtype: str | None) -> list[str]:
+    """``--device`` and ``--dtype`` of a job: as given, else the run's own (a GPU run's checkpoints on its GPU)."""
+    hardware = job_hardware(run)
+    return ["--device", device or hardware.get("device", "cpu"), "--dtype", dtype or hardware.get("dtype", "float32")]
+
+
+def eval_jobs(run: Path, root: Path, chosen: list[Point], job_args: list[str]) -> list:
+    """One ``pods.launch.Job`` per point: ``python -m pods.eval RUN --each-checkpoint --checkpoint POINT JOB_ARGS`` with
+    the run's python (a GPU run: the GPU environment's) and resources (``job_hardware``)."""
+    from pods.gpu_env import job_python
+    from pods.launch import Job
+
+    hardware = job_hardware(run)
     python = job_python(hardware.get("device") == "cuda")  # a GPU run's checkpoints: the GPU python evaluates them
     jobs = []
     for p in chosen:
         cmd = [python, "-m", "pods.eval", str(run), "--each-checkpoint", "--checkpoint", p.name, *job_args]
-        jobs.append(Job([], root / "checkpoints" / p.name, name=f"eval-{p.name}", cmd=cmd, python=python))
-    submitted = launch(jobs, launcher, tag="pods-eval")
+        jobs.append(Job([], root / "checkpoints" / p.name, name=f"eval-{p.name}", cmd=cmd, python=python, hardware=hardware))
+    return jobs
+
+
+def submit_each(run: Path, root: Path, chosen: list[Point], job_args: list[str], launcher: str) -> list[str]:
+    """One job per point through ``pods.launch`` (``launcher``: ``submitit``; ``eval_jobs``); waits for all; the points
+    whose job failed."""
+    from pods.launch import launch
+
+    submitted = launch(eval_jobs(run, root, chosen, job_args), launcher, tag="pods-eval")
     return [p.name for p, s in zip(chosen, submitted) if s.wait() != 0]
 
 

@@ -17,11 +17,39 @@ def rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def options(cfg: Root):
-    """How ``eval.suite`` generates: ``eval.suite_engine`` (a dense engine, whatever engine trained) on the run's device."""
+def options(cfg: Root, bench=None):
+    """How ``eval.suite`` generates: ``eval.suite_engine`` (a dense engine, whatever engine trained) on the run's device;
+    a vLLM engine with the suite's longest sequence (``bench``'s prompt bound + its largest completion; without a prompt
+    bound the child measures its prompts, ``pods.eval.run.context_length``), never the model's whole context, and the
+    profile's share of a GPU it has alone (``hardware.vllm_alone_share``), not vLLM's default 0.5."""
+    from pods.eval.benchmarks import plan_for, selected
     from pods.eval.run import Options
+    from pods.schema.rollouts import ROLLOUTS
 
-    return Options(engine=cfg.eval.suite_engine, device=cfg.hardware.device, dtype=cfg.hardware.dtype)
+    hw, engine = cfg.hardware, cfg.eval.suite_engine
+    how = Options(engine=engine, device=hw.device, dtype=hw.dtype)
+    if "max_model_len" not in ROLLOUTS[engine].model_fields:  # an engine that sizes no cache of its own (HF)
+        return how
+    length = None
+    if bench is not None and bench.max_prompt_length is not None:
+        length = bench.max_prompt_length + max(plan_for(bench, name).max_tokens for name in selected(bench))
+    return how.model_copy(update={"max_model_len": length, "gpu_memory_utilization": hw.vllm_alone_share})
+
+
+def trainer_gone(device: str) -> None:
+    """The trainer's engines, backend and policy (``pods.engines.base.remember``) are gone before the suite loads a
+    model: on CUDA one still alive is a ``RuntimeError`` in one line (its memory would stay taken under the suite's
+    engine); on CPU a warning."""
+    from pods.engines.base import alive
+    from pods.log import get
+
+    left = alive()
+    if not left:
+        return
+    line = f"the trainer's {', '.join(left)} still alive after training: its memory is not given back to the suite"
+    if device.startswith("cuda"):
+        raise RuntimeError(line)
+    get(__name__).warning(line)
 
 
 def suite_of(cfg: Root, machine: bool = True):
@@ -71,7 +99,8 @@ def evaluate(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
     if prepared is None or not (Path(run_dir) / "final").is_dir():
         return
     bench, data = prepared
-    how = options(cfg)
+    how = options(cfg, bench)
+    trainer_gone(how.device)
     try:
         if shards.clean_process(where[2], how):
             summary = shards.evaluate_shared(bench, run_dir, how, data, out, where)

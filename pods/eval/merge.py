@@ -75,7 +75,7 @@ def engine_dir(target, dtype: str, tokenizer, near: Path) -> Iterator[str]:
     is (a hub id, a model directory, a run's full ``final/``), else the weights written plain (``write_plain``) into a
     temporary directory beside ``near`` (the evaluation's output: on the run's disk, not a RAM-backed /tmp), deleted
     when the ``with`` ends, an error included."""
-    from pods.eval.weights import load
+    from pods.eval.weights import load, quantization
 
     if target.kind == "model" or (target.kind == "final" and target.lora is None and has_tokenizer(target.weights)):
         yield str(target.weights or target.base)
@@ -85,7 +85,8 @@ def engine_dir(target, dtype: str, tokenizer, near: Path) -> Iterator[str]:
         base = base.parent
     tmp = Path(tempfile.mkdtemp(prefix=".pods-eval-weights-", dir=base))
     try:
-        model, _ = load(target, "cpu", dtype)
+        quantized = quantization(target) == "4bit"  # merged over the NF4 base it trained on (GPU), as pods-export does
+        model, _ = load(target, "cuda" if quantized else "cpu", dtype, quantized=quantized)
         write_plain(model, tmp, dtype, tokenizer)
         del model
         yield str(tmp)

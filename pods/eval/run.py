@@ -16,17 +16,21 @@ import torch
 from pods.errors import ConfigError
 from pods.eval.benchmarks import Suite, load_benchmark, selected
 from pods.eval.weights import Target
-from pods.schema import Pos, Section, validated
+from pods.schema import Frac, Pos, Section, validated
 
 
 class Options(Section):
     """How a suite is generated: the engine (a name in ``pods.engines.ENGINES``: ``--engine``, ``eval.suite_engine``),
-    the device and dtype the weights load in, and the sequences per generate call (engines that batch by count)."""
+    the device and dtype the weights load in, and the sequences per generate call (engines that batch by count). An
+    engine that sizes its own cache (vLLM) gets ``max_model_len`` (None: the suite's longest prompt + completion, never
+    the model's whole context) and ``gpu_memory_utilization`` (None: the engine's default)."""
 
     engine: str = "hf"
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_batch: Pos = 64
+    max_model_len: Pos | None = None
+    gpu_memory_utilization: Frac | None = None
 
 
 def check_options(options: Options) -> None:
@@ -40,6 +44,25 @@ def check_options(options: Options) -> None:
     package = ENGINES.spec(options.engine).package
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"engine {options.engine}: {package} is not installed (pip install '.[cpu]' or '.[gpu]'), or use engine hf")
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def check_target(target: Target, options: Options) -> None:
+    """A run trained over a 4-bit base is evaluated over that base (bitsandbytes NF4, as it trained, as ``pods-export``
+    merges it): it needs ``--device cuda`` and a CUDA GPU; ``ConfigError`` in one line, before anything loads."""
+    from pods.eval.weights import quantization
+
+    if quantization(target) != "4bit":
+        return
+    if not options.device.startswith("cuda") or not has_cuda():
+        where = "no CUDA device is visible" if options.device.startswith("cuda") else f"--device is {options.device}"
+        raise ConfigError(
+            f"{target.run_dir or target.base} trained on a 4-bit base (model.quantization=4bit): it is evaluated over that "
+            f"base, which needs bitsandbytes on a CUDA GPU (--device cuda); {where}"
+        )
 
 
 def suite_prompt(suite: Suite, run_cfg: dict | None) -> str:
@@ -69,24 +92,51 @@ def load_suite(suite: Suite, prompt: str) -> dict[str, list]:
     return data
 
 
-def build_engine(target: Target, options: Options, stack: ExitStack, near: Path):
+def context_length(suite: Suite, data: dict[str, list], tok) -> int:
+    """The longest sequence the suite asks for: its prompt bound (``suite.max_prompt_length``, else the longest prompt
+    of ``data`` as the engine will see it) + the largest completion budget of its benchmarks."""
+    from pods.eval.benchmarks import plan_for
+    from pods.tasks import encode_prompts
+
+    longest = suite.max_prompt_length
+    if longest is None:
+        longest = max((len(ids) for examples in data.values() for ids in encode_prompts(examples, tok, None)[0]), default=1)
+    return int(longest) + max((plan_for(suite, name).max_tokens for name in data), default=suite.max_tokens)
+
+
+def engine_settings(cls, options: Options, context: int | None) -> dict:
+    """The keys of ``options`` the engine's section takes (its name, batch, dtype; vLLM: the sequence length, given or
+    ``context``, and the memory share when one is given)."""
+    given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
+    given |= {"max_model_len": options.max_model_len or context, "gpu_memory_utilization": options.gpu_memory_utilization}
+    return {k: v for k, v in given.items() if k in cls.section.model_fields and v is not None}
+
+
+def build_engine(target: Target, options: Options, stack: ExitStack, near: Path, context: int | None = None):
     """(engine, tokenizer) from ``pods.engines.ENGINES``: an engine that samples with a module gets the loaded weights;
     one that loads its own copy (vLLM) gets a directory holding them: a plain model directory as it is, else the
     weights written plain (a LoRA merged in) into a temporary directory beside ``near`` that ``stack`` deletes
-    (``pods.eval.merge.engine_dir``)."""
+    (``pods.eval.merge.engine_dir``), and ``engine_settings`` (``context``: the suite's longest sequence)."""
     from pods.engines import ENGINES
     from pods.engines.base import PolicyEngine
     from pods.eval.merge import engine_dir
-    from pods.eval.weights import load
+    from pods.eval.weights import load, quantization
     from pods.models import load_tokenizer
 
     cls, tok = ENGINES.get(options.engine), load_tokenizer(target.tokenizer or target.base)
-    given = {"name": options.engine, "max_batch": options.max_batch, "dtype": options.dtype}
-    section = validated(cls.section, {k: v for k, v in given.items() if k in cls.section.model_fields}, "engine")
+    quantized = quantization(target) == "4bit"  # the adapter over the NF4 base it trained on, not over the bf16 base
+    section = validated(cls.section, engine_settings(cls, options, context), "engine")
     if issubclass(cls, PolicyEngine):
-        model, base = load(target, options.device, options.dtype)
+        model, base = load(target, options.device, options.dtype, quantized=quantized)
         return cls(base, tok, section, policy=model), tok
     return cls(stack.enter_context(engine_dir(target, options.dtype, tok, near)), tok, section), tok
+
+
+def sizes_cache(options: Options) -> bool:
+    """Whether the engine sizes a cache of its own from a sequence length (vLLM): it is given the suite's."""
+    from pods.engines import ENGINES
+
+    return "max_model_len" in ENGINES.get(options.engine).section.model_fields and options.max_model_len is None
 
 
 def answer_key(extracted: str | None) -> str | None:
@@ -131,6 +181,11 @@ def run_benchmark(engine, tok, suite, name: str, examples: list, samples_file, c
     }
 
 
+def recorded(options: Options) -> dict:
+    """What config.json records of the options (the engine, device, dtype; a cache size or share when one was set)."""
+    return {k: v for k, v in options.model_dump(exclude={"max_batch"}).items() if v is not None}
+
+
 def table(per: dict, macro: dict) -> str:
     """A markdown table: one row per benchmark, then the macro average."""
     ks = sorted({k for m in per.values() for k in m["pass@k"]}, key=int)
@@ -152,13 +207,16 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
     """Evaluate ``target`` on ``suite`` and write ``out``/{summary.json, table.md, samples.jsonl, config.json}; the
     summary. ``data``: the benchmarks already loaded (``load_suite``), else loaded here before the model."""
     from pods.eval.metrics import macro_average
+    from pods.models import load_tokenizer
 
     start = time.time()
     check_options(options)
+    check_target(target, options)
     prompt, chat = suite_prompt(suite, target.run_cfg), template_kwargs(suite, target)
     data = load_suite(suite, prompt) if data is None else data
     with ExitStack() as stack:  # a temporary weights directory (vLLM) is deleted when the evaluation ends, or fails
-        engine, tok = build_engine(target, options, stack, out)
+        context = context_length(suite, data, load_tokenizer(target.tokenizer or target.base)) if sizes_cache(options) else None
+        engine, tok = build_engine(target, options, stack, out, context)
         out.mkdir(parents=True, exist_ok=True)  # after the model loaded: a failure leaves no empty directory behind
         per = {}
         with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
@@ -170,7 +228,7 @@ def evaluate_suite(suite: Suite, target: Target, options: Options, out: Path, da
     model, weights = str(target.run_dir or target.base), str(target.weights or target.base)
     config = {"suite": suite.model_dump(), "model": model, "weights": weights, "kind": target.kind, "prompt": prompt}
     config["chat_template_kwargs"] = chat
-    (out / "config.json").write_text(json.dumps(config | options.model_dump(exclude={"max_batch"}), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config | recorded(options), indent=2) + "\n")
     summary = {"suite": suite.name, "model": model, "weights": weights, "prompt": prompt, "benchmarks": per, "macro": macro}
     summary["seconds"] = round(time.time() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -16,6 +16,7 @@ from pods import checkpoint, distributed, resume
 from pods.backends import BACKENDS
 from pods.data import PromptSampler
 from pods.engines import ENGINES
+from pods.engines.base import remember
 from pods.engines.frozen import Frozen
 from pods.errors import ConfigError
 from pods.eval.accuracy import answer_prob, canonical_answers, evaluate
@@ -89,6 +90,7 @@ class Run:
         test_ids, test_ex, _ = encode_prompts(task.test[: ev.max_examples], self.tok, ds.max_prompt_length, chat)
         self.backend = BACKENDS.get(hw.backend)(self.model_dir, cfg)
         self.engine = ENGINES.get(cfg.rollout.name)(self.model_dir, self.tok, cfg.rollout, policy=self.backend.policy)
+        remember(engine=self.engine, backend=self.backend, policy=self.backend.policy)  # gone before the suite's process
         np.random.seed(cfg.seed + self.dist.rank)  # vLLM's GPU runner seeds each unseeded request from NumPy's global RNG
         t = cfg.train
         sampler = PromptSampler(len(self.train_ids), t.prompts_per_step, cfg.seed, self.dist.rank, self.dist.world, t.group_repeats)
@@ -131,6 +133,7 @@ class Run:
             return
         own = self.engine.needs_sync
         engine = self.engine if own else Frozen(self.engine, self.model_dir, self.tok)  # (a copy of the resumed policy)
+        remember(producer_engine=engine)
         weights = self.backend.export_weights if own else lambda: self.backend.policy.state_dict().items()
         dist = self.dist.fork(self.cfg.hardware.dist_timeout_s)  # the producer's collectives: a group of their own
         gen = Generation(self.cfg, engine, dist, self.backend.micro_batch_size)

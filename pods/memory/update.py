@@ -73,6 +73,13 @@ def layer_saved_bytes(arch: dict, a: int, full: bool, lora: tuple[set, int] | No
     return b
 
 
+def _syncs(cfg) -> bool:
+    """Whether the rollout engine holds weights of its own (vLLM); a policy engine samples with the trainer's module."""
+    from pods.engines import ENGINES
+
+    return ENGINES.get(cfg.rollout.name).needs_sync
+
+
 def partition(hw) -> tuple[int, int]:
     """(ranks the training state is partitioned over, ZeRO stage; 0: not partitioned): the backend's answer
     (``Backend.partition``; the backend's module is imported here, at the call, as the engines' are)."""
@@ -106,11 +113,16 @@ def state_lines(cfg, arch: dict) -> list[tuple[str, float, str]]:
         weights += trainable * 4
         how += f" + LoRA {trainable / 1e6:.0f}M x 4 B"
     out.append(("weights", weights, how))
+    if cfg.train.max_staleness and not _syncs(cfg):  # pods.engines.frozen: the producer samples from a deep copy
+        out.append(("frozen policy copy (producer)", weights, "train.max_staleness >= 1: the producer's copy of the policy"))
     if cfg.algorithm.beta > 0 and not lora:  # LoRA's reference is the base with the adapter off
         out.append(
             ("reference model (KL)", P * w / (n if stage == 3 else 1), "frozen copy" + (" (ZeRO-3 partition)" if stage == 3 else ""))
         )
-    out.append(("gradients", trainable * tbytes / n, f"{trainable / 1e6:.0f}M x {tbytes} B" + (f" / {n} ranks" if ds else "")))
+    if ds:  # ZeRO's gradient partitions accumulate in float32 (pods.backends.deepspeed: data_types.grad_accum_dtype)
+        out.append(("gradients", trainable * 4 / n, f"{trainable / 1e6:.0f}M x 4 B (fp32 accumulation) / {n} ranks"))
+    else:
+        out.append(("gradients", trainable * tbytes, f"{trainable / 1e6:.0f}M x {tbytes} B"))
     if ds:
         optim, how = (0.0, "offloaded") if hw.deepspeed.offload_optimizer else (12 * P / n, f"fp32 master + m + v: 12 B/param / {n} ranks")
     elif opt == "adamw_8bit":

@@ -17,7 +17,7 @@ import difflib
 from pydantic import BaseModel, ValidationError
 
 from pods.errors import ConfigError
-from pods.schema.base import Pos  # noqa: F401 - the shared field type of a positive count, for sections outside this package
+from pods.schema.base import Frac, Pos  # noqa: F401 - the shared field types (a share in (0, 1], a positive count), for sections outside this package
 from pods.schema.messages import explain, section_of
 from pods.schema.rollouts import ROLLOUTS
 from pods.schema.sections import (  # noqa: F401 - the sections are this package's public names

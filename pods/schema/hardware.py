@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from pods.schema.base import Pos, PosF, Section
+from pods.schema.base import Frac, Pos, PosF, Section
 
 
 class Lora(Section):
@@ -50,6 +50,9 @@ class Hardware(Section):
     micro_batch_tokens: Pos | None = None  # rows sorted by length, cut at this many padded tokens, each trimmed to its longest; null = off
     logprob_chunk_tokens: Pos | None = None  # tokens per chunk of the fp32 log-softmax over the vocabulary; null = one chunk
     gradient_checkpointing: bool = False
+    # vLLM's share of a GPU it has to itself: the end-of-run suite's clean process (the trainer's memory given back
+    # first); vLLM's default, 0.5, would leave half the card idle
+    vllm_alone_share: Frac = 0.85
     gpu_memory_gb: PosF | None = None  # one card's memory, GB (1e9 B): pods.memory refuses a CUDA run that would not fit; null = unchecked
     torch_threads: Pos | None = None
     optimizer: str = "adamw"  # the profile's optimizer: optim.name when that is null (l40s_lora: adamw_8bit, the paper's)

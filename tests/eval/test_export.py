@@ -175,3 +175,21 @@ def test_vllm_loads_the_export_and_generates_what_transformers_does(lora_run, tm
         enc = tok(prompt, return_tensors="pt")
         want = model.generate(**enc, max_new_tokens=8, do_sample=False)[0, enc["input_ids"].shape[1] :].tolist()
         assert list(ids)[: len(want)] == want[: len(ids)] and len(ids) > 0
+
+
+def test_a_bfloat16_run_is_loaded_in_bfloat16_and_exported_unchanged(tiny_dir, tmp_path, monkeypatch):
+    """The host holds the run's dtype, not float32 (half the memory of a bf16 run: 15 GB, not 30, at 7B); the export
+    is the run's final/ weights bit for bit all the same."""
+    import pods.eval.weights
+
+    run = train_run(tmp_path / "bf16", "full", ["hardware.dtype=bfloat16", "train.max_steps=1", "train.checkpoint_every_steps=null"])
+    asked, real = [], pods.eval.weights.load
+    monkeypatch.setattr(
+        pods.eval.weights, "load", lambda t, device="cpu", dtype="float32", **kw: asked.append(dtype) or real(t, device, dtype, **kw)
+    )
+    out = tmp_path / "out"
+    p = export([str(run), str(out)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert asked == ["bfloat16"]  # before: float32
+    ours, final = loaded(out, torch.bfloat16), loaded(run / "final", torch.bfloat16)
+    assert ours.keys() == final.keys() and all(torch.equal(ours[k], final[k]) for k in final)

@@ -292,3 +292,33 @@ def test_a_cpu_run_is_never_refused():
 
 if __name__ == "__main__":
     measure_update(sys.argv[1])
+
+
+def test_zero_gradients_are_counted_as_the_float32_accumulation_buffer():
+    """ZeRO accumulates micro-batch gradients in float32 (``data_types.grad_accum_dtype``, pods.backends.deepspeed):
+    a bf16 ZeRO-3 run's gradient partition is 4 B per parameter over the ranks, not the module's 2 B."""
+    from pods.architectures import parameter_count
+    from pods.backends.deepspeed import ds_config
+    from pods.memory.estimator import architecture
+    from pods.memory.update import state_lines
+
+    cfg = compose(["experiment=gsm8k_qwen3b_pods_h100x8"])
+    assert (cfg.hardware.dtype, cfg.hardware.deepspeed.stage, cfg.hardware.nproc_per_node) == ("bfloat16", 3, 8)
+    assert ds_config(cfg.hardware, cfg.optim)["data_types"] == {"grad_accum_dtype": "fp32"}
+    arch = architecture(cfg.model)
+    lines = {name: (b, how) for name, b, how in state_lines(cfg, arch)}
+    assert lines["gradients"][0] == 4 * parameter_count(arch) / 8 and "fp32 accumulation" in lines["gradients"][1]
+
+
+def test_the_producers_frozen_policy_copy_is_counted():
+    """``train.max_staleness >= 1`` with a policy engine (HF): the producer samples from a deep copy of the policy on the
+    same GPU (``pods.engines.frozen``): one more copy of the weights resident; with vLLM (its own weights) none."""
+    from pods.memory.estimator import estimate
+
+    base = ["experiment=gsm8k_qwen3b_pods_64_16_l40s", "rollout=hf"]
+    sync, stale = estimate(compose(base)), estimate(compose([*base, "train.max_staleness=1"]))
+    assert sync.gb("frozen policy copy (producer)") == 0
+    assert stale.gb("frozen policy copy (producer)") == pytest.approx(stale.gb("weights")) and stale.gb("weights") > 1
+    assert stale.resident_gb == pytest.approx(sync.resident_gb + stale.gb("weights"))
+    vllm = estimate(compose(["experiment=gsm8k_qwen3b_pods_64_16_l40s", "train.max_staleness=1"]))
+    assert vllm.gb("frozen policy copy (producer)") == 0
