@@ -147,8 +147,8 @@ def checkpoint_model_state(file: Path) -> dict:
 
     from pods.checkpoint import FORMAT
 
-    others = ", ".join(p.name for p in sorted(file.parent.glob("step_*.pt")) if p != file) or "none"
-    hint = f"choose another with --checkpoint FILE (in {file.parent}: {others})"
+    others = ", ".join(p.name for p in sorted(file.parent.glob("step_*.pt")) if p != file)
+    hint = f"choose another with --checkpoint FILE ({file.parent} holds {others})" if others else f"{file.parent} holds no other checkpoint"
     try:
         blob = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
