@@ -8,7 +8,12 @@ and metrics.jsonl (``check``).
 - ``auto`` on a run that ended under a shorter horizon: it continues from its final checkpoint (a larger
   ``train.max_steps`` or ``train.time_budget_s`` extends a run on purpose); one whose checkpoints were deleted at its
   end (``train.checkpoint_at_end`` weights/false) cannot continue: refused.
+- ``auto`` on a run that trained steps but holds no checkpoint: ``ConfigError`` (starting at step 0 would drop its rows);
+  a run that logged only its start begins again as it did.
 - Otherwise the loop resumes from the latest checkpoint (or, with none, starts the run again).
+- No ``train.resume`` (a fresh run) into a directory that holds a run (``RECORD``): ``ConfigError`` in one line naming
+  ``train.resume=auto`` and another directory (``fresh``); with ``train.start_over=true`` the old run is moved aside to
+  ``<dir>.old<k>`` (``aside``), never deleted. Hydra's own files (.hydra/, train.log) are not a run.
 
 What may differ on resume (``MAY_CHANGE``): the horizon (``train.max_steps``, ``train.time_budget_s``: a larger one
 extends the run, one it has reached leaves it finished), when and what it checkpoints and saves, the logger, the

@@ -5,7 +5,10 @@ Before Hydra starts a run (and makes its directory), ``preflight`` composes ever
 sweep: each combination) with Hydra's compose API and checks it: the schema (``pods.schema``), the cross-field
 rules (``pods.config``) and, for a run on this machine, the machine (``pods.preflight``). A bad input exits with
 code 2 and one line naming the key. A resume (``train.resume``) is decided there against each job's run directory
-(``pods.resume.ahead``), before Hydra writes into it; a finished single run only says so. The run itself gets the
+(``pods.resume.ahead``), before Hydra writes into it; a finished single run only says so, and a fresh run into a
+directory holding a run is refused there (``train.start_over=true``: moved aside). A config error found once Hydra
+made a new run directory removes it again (``undo``); a finished sweep job puts back Hydra's .hydra/ files
+(``put_back``). ``--help`` prints the pods page (``pods.usage``); Ctrl-C is a stop request (``pods.signals``). The run itself gets the
 validated ``Root`` (``check`` remembers what it validated) and the resume decided for it: one validation and one
 resume decision per run. The end-of-run suite (``eval.suite``) is ``pods.eval.end``'s.
 """

@@ -43,21 +43,20 @@ def interrupted(tmp_path: Path, signals: list[int], *extra: str) -> tuple[int, s
     """Start a run, send ``signals`` (0.2 s apart) once it logged a step; (exit code, stdout, stderr)."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "pods.train", *RUN, *extra, f"hydra.run.dir={run_dir}"]
-    out, err = open(tmp_path / "stdout.txt", "w+"), open(tmp_path / "stderr.txt", "w+")
-    p = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(), stdout=out, stderr=err)
-    try:
-        deadline = time.monotonic() + 540
-        while not train_rows(run_dir / "metrics.jsonl"):
-            assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
-            time.sleep(0.2)
-        for sig in signals:
-            p.send_signal(sig)
-            time.sleep(0.2)
-        rc = p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    out.close(), err.close()
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(), stdout=out, stderr=err)
+        try:
+            deadline = time.monotonic() + 540
+            while not train_rows(run_dir / "metrics.jsonl"):
+                assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
+                time.sleep(0.2)
+            for sig in signals:
+                p.send_signal(sig)
+                time.sleep(0.2)
+            rc = p.wait(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
     return rc, (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
 
 

@@ -119,7 +119,9 @@ def test_train_refuses_a_run_dir_it_cannot_write(tmp_path, where):
         run_dir.write_text("")
     p = run(["-m", "pods.train", "experiment=toy_pods_64_16_cpu", f"hydra.run.dir={run_dir}"])
     why = (
-        f"{run_dir} is a file, not a directory" if where == "file" else f"cannot write {run_dir}: making a file in /sys failed (Permission denied)"
+        f"{run_dir} is a file, not a directory"
+        if where == "file"
+        else f"cannot write {run_dir}: making a file in /sys failed (Permission denied)"
     )
     refused(p, f"pods: config error: hydra.run.dir: {why}")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pods.compose import compose_plain
 from pods.metrics import read_metrics
 from pods.resume import MAY_CHANGE, flat
-from pods.compose import compose_plain
 from support.doors import door
 from support.runs import TINY_STEPS
 
@@ -181,3 +181,23 @@ def test_a_readme_sweep_run_three_times_leaves_every_job_folder_as_its_first_run
     assert p.returncode == 0 and p.stdout.count("is finished (step 2") == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert snapshot(jobs[0]) == first[jobs[0].name]
     assert [r["step"] for r in read_metrics(cut / "metrics.jsonl", "train")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_refusal_is_one_line_from_rank_0_and_every_rank_exits_2(tmp_path):
+    """Two ranks refused (a bad key; a fresh run into a directory that holds a run): the line used to be printed once per
+    rank. torchrun adds its own report (ChildFailedError, each rank's exit code) and exits 1 (README)."""
+    import subprocess
+    import sys
+
+    from support.config import ROOT
+    from support.harness import free_port, worker_env
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    for bad, says in (["optim.lrr=0.1"], "optim.lrr: unknown key"), (["hydra.run.dir=" + str(tmp_path / "run")], "already holds a run"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+        cmd += ["-m", "pods.train", "hardware=cpu_ddp2_zero3", *SHORT, *bad]
+        p = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1 and p.stderr.count("pods: config error:") == 1 and says in p.stderr, p.stderr[-3000:]
+        assert "exitcode  : 2" in p.stderr, p.stderr[-3000:]  # torchrun's report of the ranks' own code

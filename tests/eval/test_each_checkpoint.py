@@ -129,4 +129,6 @@ def test_a_corrupt_checkpoint_is_one_line_the_others_are_evaluated_and_exit_1(ru
     assert "pods-eval: step_000002: --checkpoint:" in p.stderr and "not evaluated: step_000002" in p.stderr
     root = copy / "eval" / "toy"
     assert list(summaries(root)) == ["base", "step_000001", "step_000003"]
-    assert [r["checkpoint"] for r in csv.DictReader((root / "curve.csv").open())] == ["base"] * 2 + ["step_000001"] * 2 + ["step_000003"] * 2
+    assert [r["checkpoint"] for r in csv.DictReader((root / "curve.csv").open())] == ["base"] * 2 + ["step_000001"] * 2 + [
+        "step_000003"
+    ] * 2

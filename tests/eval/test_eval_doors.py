@@ -124,7 +124,10 @@ def test_help_says_what_a_run_directory_is_evaluated_at_by_default():
     p = pods_eval(["--help"])
     text = " ".join(p.stdout.split())
     assert p.returncode == 0 and "(default: final/)" not in text
-    assert "default: its final/ when the run saved one (train.save_final=true or train.checkpoint_at_end=weights), else its newest checkpoint" in text
+    assert (
+        "default: its final/ when the run saved one (train.save_final=true or train.checkpoint_at_end=weights), else its newest checkpoint"
+        in text
+    )
 
 
 def test_an_out_where_no_file_can_be_made_says_the_errno_as_its_reason(run_dir):
