@@ -120,8 +120,8 @@ def preflight(argv: list[str]) -> str | None:
 NEW: set[str] = set()  # run directories that did not exist before this command (pods.train.undo)
 
 
-def new_dir(run_dir: str | Path) -> None:
-    if not Path(run_dir).exists():
+def new_dir(run_dir: str | Path | None) -> None:
+    if run_dir is not None and not Path(run_dir).exists():
         NEW.add(str(Path(run_dir).resolve()))
 
 
