@@ -45,8 +45,24 @@ def validate(cfg: dict | Root) -> Root:
     _launcher(cfg)
     _asynchronous(cfg, ENGINES.get(cfg.rollout.name).needs_sync)
     _suite(cfg.eval)
+    _token_budget(cfg)
     check_model_available(cfg.model)
     return cfg
+
+
+def _token_budget(cfg: Root) -> None:
+    """``hardware.micro_batch_tokens`` below one row at its longest: allowed (the estimate and the tests use it), said in
+    one warning, since every row longer than the budget then trains as a micro-batch of its own."""
+    from pods.log import get
+
+    budget, prompt, completion = cfg.hardware.micro_batch_tokens, getattr(cfg.dataset, "max_prompt_length", None), cfg.sampling.max_tokens
+    row = (prompt or 0) + completion
+    if budget is not None and budget < row:
+        get(__name__).warning(
+            f"hardware.micro_batch_tokens={budget} is below one row (up to {row} tokens: dataset.max_prompt_length {prompt} + "
+            f"sampling.max_tokens {completion}): each row longer than it trains as a micro-batch of its own, one forward and "
+            "backward per row"
+        )
 
 
 def _asynchronous(cfg: Root, needs_sync: bool) -> None:

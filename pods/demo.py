@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ def job(label: str, exp: str, seed: int, run_dir: Path, end: str, overrides: lis
         return None
     for stale in ("metrics.jsonl", "config.json"):
         (run_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # an unfinished demo run starts again: a fresh run's place is empty
     return Job(args, run_dir, log=run_dir / "launch.log", name=f"{label} seed {seed}")
 
 

@@ -28,7 +28,7 @@ def writable(path: str | Path, what: str, directory: bool = False) -> Path:
     try:
         fd, probe = tempfile.mkstemp(dir=base, prefix=".pods-probe-")
     except OSError as e:
-        raise ConfigError(f"{what}: cannot write {path}: {base} is not writable ({e.strerror})") from None
+        raise ConfigError(f"{what}: cannot write {path}: making a file in {base} failed ({e.strerror})") from None  # the errno says why
     os.close(fd)
     os.unlink(probe)
     return path

@@ -8,7 +8,12 @@ and metrics.jsonl (``check``).
 - ``auto`` on a run that ended under a shorter horizon: it continues from its final checkpoint (a larger
   ``train.max_steps`` or ``train.time_budget_s`` extends a run on purpose); one whose checkpoints were deleted at its
   end (``train.checkpoint_at_end`` weights/false) cannot continue: refused.
+- ``auto`` on a run that trained steps but holds no checkpoint: ``ConfigError`` (starting at step 0 would drop its rows);
+  a run that logged only its start begins again as it did.
 - Otherwise the loop resumes from the latest checkpoint (or, with none, starts the run again).
+- No ``train.resume`` (a fresh run) into a directory that holds a run (``RECORD``): ``ConfigError`` in one line naming
+  ``train.resume=auto`` and another directory (``fresh``); with ``train.start_over=true`` the old run is moved aside to
+  ``<dir>.old<k>`` (``aside``), never deleted. Hydra's own files (.hydra/, train.log) are not a run.
 
 What may differ on resume (``MAY_CHANGE``): the horizon (``train.max_steps``, ``train.time_budget_s``: a larger one
 extends the run, one it has reached leaves it finished), when and what it checkpoints and saves, the logger, the
@@ -37,6 +42,7 @@ MAY_CHANGE = (
     "train.checkpoint_at_end",
     "train.keep_checkpoints",
     "train.resume",
+    "train.start_over",
     "train.save_final",
     "train.sampler_gap_warn",
     "logger",
@@ -188,7 +194,9 @@ def decide(cfg: Root, run_dir: str | Path, world_now: int | None = None) -> dict
     """Before anything loads: ``ConfigError`` (one line) when ``cfg`` may not resume the run at ``run_dir``; the run's
     end-of-run evaluation row when it is finished (``auto``: nothing to do); None when the loop should run."""
     resume, run_dir = cfg.train.resume, Path(run_dir)
-    src = record(run_dir, resume) if resume else None
+    if not resume:
+        return fresh(cfg, run_dir)
+    src = record(run_dir, resume)
     if src is None:
         return None
     try:
@@ -204,7 +212,7 @@ def decide(cfg: Root, run_dir: str | Path, world_now: int | None = None) -> dict
         raise ConfigError(f"train.resume: {src} ran with other settings: {shown}; a resume continues a run exactly: {EXTEND}")
     done = ended(run_dir, prior) if resume == "auto" and src == run_dir else None
     if done is None:
-        return None
+        return unsaved(run_dir) if resume == "auto" and src == run_dir else None
     if reached(done[0], cfg):
         return done[1]
     if latest(run_dir / "checkpoints") is None:
@@ -212,6 +220,57 @@ def decide(cfg: Root, run_dir: str | Path, world_now: int | None = None) -> dict
         raise ConfigError(
             f"train.resume: {run_dir} ended at step {done[0]['step']} and kept no checkpoint (train.checkpoint_at_end={mode}): "
             "it cannot be extended; start a new run directory"
+        )
+    return None
+
+
+RECORD = ("config.json", "metrics.jsonl", "checkpoints")  # what a run writes into its directory (Hydra's files are not a run)
+
+
+def trained_to(run_dir: Path) -> int:
+    """The last step ``run_dir``'s metrics.jsonl logged a train row for (0: none, or no file)."""
+    path = run_dir / "metrics.jsonl"
+    return max((r.get("step", 0) for r in read_metrics(path, "train")), default=0) if path.exists() else 0
+
+
+def fresh(cfg: Root, run_dir: Path) -> None:
+    """A run started without ``train.resume`` into ``run_dir``: ``ConfigError`` (one line) when the directory already
+    holds a run (its config.json, metrics.jsonl or checkpoints/); with ``train.start_over=true`` that run is moved
+    aside instead (``aside``), never deleted. Nothing is written before either."""
+    held = [name for name in RECORD if (run_dir / name).exists()]
+    if not held:
+        return None
+    if not cfg.train.start_over:
+        step = trained_to(run_dir)
+        raise ConfigError(
+            f"{run_dir} already holds a run ({', '.join(held)}{f'; trained to step {step}' if step else ''}): "
+            "train.resume=auto continues it; another directory (hydra.run.dir, hydra.sweep.dir) starts a new one; "
+            "train.start_over=true moves it aside and starts again here"
+        )
+    if os.environ.get("RANK", "0") == "0":  # one process moves it; the other ranks of a torchrun start into the empty place
+        aside(run_dir)
+    return None
+
+
+def aside(run_dir: Path) -> Path:
+    """Move the run in ``run_dir`` to ``<run_dir>.old<k>`` (the first free k), said in one warning."""
+    from pods.log import get
+
+    k = next(k for k in range(1, 10**6) if not run_dir.with_name(f"{run_dir.name}.old{k}").exists())
+    to = run_dir.with_name(f"{run_dir.name}.old{k}")
+    os.replace(run_dir, to)
+    get(__name__).warning(f"train.start_over: moved the run in {run_dir} aside to {to}; this run starts in {run_dir}")
+    return to
+
+
+def unsaved(run_dir: Path) -> None:
+    """``auto`` on a run that trained steps but holds no checkpoint: resuming would start at step 0 and drop those rows
+    without a word, so ``ConfigError`` in one line (a run that logged only its start begins again as it did)."""
+    step = trained_to(run_dir)
+    if step and latest(run_dir / "checkpoints") is None:
+        raise ConfigError(
+            f"train.resume: {run_dir} trained to step {step} but holds no checkpoint to continue from (it would start at step 0 "
+            "and drop the rows logged so far): train.start_over=true without train.resume moves it aside and starts again"
         )
     return None
 

@@ -1,20 +1,26 @@
-"""Stop requests from signals: SLURM's pre-emption/time-limit warning (SIGUSR1/SIGUSR2) or SIGTERM.
+"""Stop requests from signals: SLURM's pre-emption/time-limit warning (SIGUSR1/SIGUSR2), SIGTERM, or Ctrl-C (SIGINT).
 
 The handler only sets a flag; the loop notices it at the next step boundary, checkpoints, and then runs
 any handler it displaced (e.g. submitit's SIGUSR2 handler, which requeues the job), so a requeued run
-resumes from the checkpoint just written instead of the last periodic one.
+resumes from the checkpoint just written instead of the last periodic one. Ctrl-C is a stop request like SIGTERM
+(Python's own handler, which would raise ``KeyboardInterrupt`` mid-step, is not run after the checkpoint); a second
+Ctrl-C raises ``KeyboardInterrupt`` at once, without a checkpoint (``pods.train`` ends it in one line).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 
-SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+NOTICE = b"pods: Ctrl-C: stopping after this step to write a checkpoint (Ctrl-C again: abort now, without one)\n"
 
 
 class StopFlag:
     def __init__(self) -> None:
         self.requested = False
+        self.by: str | None = None  # the first stop signal's name (SIGTERM, SIGINT, ...)
+        self.interrupts = 0  # Ctrl-Cs so far
         self._deferred: list[tuple] = []
         self._previous: dict = {}
 
@@ -28,8 +34,14 @@ class StopFlag:
         return self
 
     def _on_signal(self, signum, frame, previous) -> None:
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                raise KeyboardInterrupt  # the second Ctrl-C: abort now
+            os.write(2, NOTICE)  # a raw write: safe inside a handler that may interrupt a print
         self.requested = True
-        if callable(previous):
+        self.by = self.by or signal.Signals(signum).name
+        if callable(previous) and previous is not signal.default_int_handler:
             self._deferred.append((previous, signum, frame))
 
     def after_checkpoint(self) -> None:

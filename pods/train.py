@@ -5,7 +5,10 @@ Before Hydra starts a run (and makes its directory), ``preflight`` composes ever
 sweep: each combination) with Hydra's compose API and checks it: the schema (``pods.schema``), the cross-field
 rules (``pods.config``) and, for a run on this machine, the machine (``pods.preflight``). A bad input exits with
 code 2 and one line naming the key. A resume (``train.resume``) is decided there against each job's run directory
-(``pods.resume.ahead``), before Hydra writes into it; a finished single run only says so. The run itself gets the
+(``pods.resume.ahead``), before Hydra writes into it; a finished single run only says so, and a fresh run into a
+directory holding a run is refused there (``train.start_over=true``: moved aside). A config error found once Hydra
+made a new run directory removes it again (``undo``); a finished sweep job puts back Hydra's .hydra/ files
+(``put_back``). ``--help`` prints the pods page (``pods.usage``); Ctrl-C is a stop request (``pods.signals``). The run itself gets the
 validated ``Root`` (``check`` remembers what it validated) and the resume decided for it: one validation and one
 resume decision per run. The end-of-run suite (``eval.suite``) is ``pods.eval.end``'s.
 """
@@ -33,8 +36,10 @@ MAX_CHECKED_JOBS = 512  # a larger sweep is checked job by job as it runs
 
 
 def stop(message: str, code: int) -> NoReturn:
-    """End the process with one line on stderr, ``pods: <message>``, and exit ``code``: no traceback."""
-    print(f"pods: {message}", file=sys.stderr, flush=True)
+    """End the process with one line on stderr, ``pods: <message>``, and exit ``code``: no traceback. Under torchrun
+    every rank exits ``code`` and only rank 0 prints the line (the others would repeat it)."""
+    if end.rank0():
+        print(f"pods: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -92,6 +97,7 @@ def preflight(argv: list[str]) -> str | None:
             root = check(job_dict(job))
             bench = end.suite_of(root)
             run_dir = OmegaConf.select(job, "hydra.run.dir")
+            new_dir(run_dir)
             done = resume.ahead(root, run_dir)  # the run's one decision, kept for it (pods.resume)
             return None if done is None or end.missing(bench, run_dir) else resume.finished_line(run_dir, done)
         first = compose_job([o for o in overrides if o not in sweeps])
@@ -104,10 +110,51 @@ def preflight(argv: list[str]) -> str | None:
             end.suite_of(root, machine=False)
             with read_write(job.hydra.job):
                 job.hydra.job.num = num  # the job's directory, as Hydra's basic sweeper will name it
-            resume.ahead(
-                root, Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir)
-            )  # kept for the job: a finished one says so when it runs
+            job_dir = Path(job.hydra.sweep.dir) / str(job.hydra.sweep.subdir)
+            new_dir(job_dir)
+            if resume.ahead(root, job_dir) is not None:  # kept for the job: a finished one says so when it runs,
+                hydra_files(job_dir)  # and its .hydra/ files are put back as they were (Hydra rewrites them first)
     return None
+
+
+NEW: set[str] = set()  # run directories that did not exist before this command (pods.train.undo)
+
+
+def new_dir(run_dir: str | Path | None) -> None:
+    if run_dir is not None and not Path(run_dir).exists():
+        NEW.add(str(Path(run_dir).resolve()))
+
+
+HYDRA_FILES: dict[str, dict[str, bytes]] = {}  # a finished sweep job's .hydra/ files, as preflight found them
+
+
+def hydra_files(run_dir: str | Path) -> None:
+    d = Path(run_dir) / ".hydra"
+    HYDRA_FILES[str(Path(run_dir).resolve())] = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} if d.is_dir() else {}
+
+
+def put_back(run_dir: str) -> None:
+    """A finished sweep job changes no file of its run: Hydra's .hydra/ files written for this job go back to the bytes
+    preflight read (a finished single run never reaches Hydra)."""
+    saved = HYDRA_FILES.get(str(Path(run_dir).resolve()))
+    if saved is None or not end.rank0():
+        return
+    d = Path(run_dir) / ".hydra"
+    for p in d.iterdir() if d.is_dir() else []:
+        if p.name not in saved:
+            p.unlink()
+    for name, data in saved.items():
+        (d / name).write_bytes(data)
+
+
+def undo(run_dir: str) -> None:
+    """A config error found after Hydra made a new run directory (its .hydra/ and train.log) and before the run wrote its
+    record: the directory goes again, so the place is as it was before the command (a later run starts there afresh)."""
+    import shutil
+
+    path = Path(run_dir).resolve()
+    if end.rank0() and str(path) in NEW and not any((path / name).exists() for name in resume.RECORD):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def finish(cfg: Root, prepared: tuple | None, run_dir: str) -> None:
@@ -137,14 +184,23 @@ def run(cfg: DictConfig) -> float | None:
             if prepared is not None and end.missing(prepared[0], run_dir):  # but a suite cut short runs again
                 finish(root, prepared, run_dir)
             elif end.rank0():
+                put_back(run_dir)
                 print(resume.finished_line(run_dir, done), flush=True)
             return done.get("accuracy")
         last = train(root, run_dir)
     except (ConfigError, FileNotFoundError) as e:
+        undo(run_dir)
         fail(e)
     except ServerError as e:  # a server died, hung or refused mid-run: one line, and where the work is kept
         stop(f"{e}; {resume.kept_work(run_dir)}", 1)
+    except KeyboardInterrupt:  # a second Ctrl-C (pods.signals), or one before the loop took over Ctrl-C
+        stop(f"interrupted (Ctrl-C): no checkpoint written now; {resume.kept_work(run_dir)}", 130)
     finish(root, prepared, run_dir)
+    if last.get("stopped"):  # SIGTERM, SLURM's warning or a first Ctrl-C: checkpointed, then ended
+        log.info(f"stopped by {last['stopped']}: {resume.kept_work(run_dir)}")
+        if last["stopped"] == "SIGINT":
+            sys.exit(130)  # as a shell expects of Ctrl-C: a loop of commands stops too
+        return None
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")
     return last.get("accuracy")
 
@@ -154,11 +210,20 @@ def main(argv: list[str] | None = None) -> float | None:
     program's name (None: ``sys.argv[1:]``); given, they are what Hydra reads too, so a test runs the command in-process."""
     pin()  # the CPU numerics, before anything loads torch (pods.numerics)
     argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("--help", "-h") for a in argv):  # the pods page, not Hydra's dump of every key (--hydra-help: Hydra's)
+        from pods.usage import page
+
+        print(page())
+        return None
     resume.forget()  # this command decides its runs afresh
+    NEW.clear()
+    HYDRA_FILES.clear()
     try:
         finished = preflight(argv)
     except ConfigError as e:
         fail(e)
+    except KeyboardInterrupt:
+        stop("interrupted (Ctrl-C) before the run started: nothing was written", 130)
     if finished:  # a single run resumed after its end: nothing runs, Hydra writes nothing into it
         if end.rank0():
             print(finished, flush=True)

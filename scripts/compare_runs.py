@@ -20,11 +20,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing pods
 
 from pods.errors import ConfigError, need  # noqa: E402
 from pods.files import writable  # noqa: E402
-from pods.results.curves import mean_curves, speedup  # noqa: E402
+from pods.results.curves import mean_curve, mean_curves, speedup  # noqa: E402
 from pods.results.report import table, write_csv  # noqa: E402
 from pods.results.runs import LABELS, Run, load_run  # noqa: E402
 from pods.results.speedup import band_line, budget_note  # noqa: E402
@@ -42,18 +44,18 @@ def curves(runs: list[Run], x: str, metric: str) -> list:
     return [c for c in (r.curve(x, metric) for r in runs) if c[0].size]
 
 
-def describe(side: str, path: Path, runs: list[Run], rows: list[dict], metric: str) -> str:
-    """One line: the side's label, runs, mean steps and seconds per step, and its mean curve's start / best / last
-    in the table ``rows``."""
+def describe(side: str, path: Path, runs: list[Run], x: str, metric: str) -> str:
+    """One line: the side's label, runs, mean steps and seconds per step, and the start / best / last of its own mean
+    curve (the one the 99% line reads A's best from: ``pods.results.curves.speedup``), not of the common grid, whose
+    points can fall between the side's evaluations."""
     labels = sorted({LABELS.get("arm")(r.algorithm) for r in runs if r.algorithm}) or ["?"]
     steps = sum(r.costs["steps"] for r in runs) / len(runs)
     s_step = sum(r.costs["s_per_step"] for r in runs) / len(runs)
-    mean = [r[side] for r in rows if side in r]
-    if not mean:
-        return f"{side}: {path} ({', '.join(labels)}): no point on the common grid"
+    mean = mean_curve([c for c in curves(runs, x, metric) if c[0].size > 1]).mean
+    mean = mean[~np.isnan(mean)]
     return (
         f"{side}: {path} ({', '.join(labels)}; {len(runs)} run{'s' if len(runs) > 1 else ''}): {steps:.0f} steps, {s_step:.3f} s/step; "
-        f"{metric} {mean[0]:.3f} at start, best {max(mean):.3f}, last {mean[-1]:.3f}"
+        f"{metric} {mean[0]:.3f} at start, best {mean.max():.3f}, last {mean[-1]:.3f}"
     )
 
 
@@ -72,10 +74,11 @@ def comparison(runs: dict[str, list[Run]], x: str, metric: str) -> list[str]:
     s = speedup(base, arm)
     unit = UNITS[x]
     t_b = "never" if s["t_arm"] is None else f"{s['t_arm']:.0f} {unit}"
+    ratio = "no speed-up: B never reached it" if s["t_arm"] is None else f"speed-up {s['speedup']:.2f}x"  # not "0.00x"
     return [
         band_line("B vs A", x, base, arm, source=metric),
         f"B vs A by {x}, 99% of peak: to {s['target']:.3f} (99% of A's best mean {s['base_peak']:.3f}) A {s['t_base']:.0f} {unit}, "
-        f"B {t_b}: speed-up {s['speedup']:.2f}x{budget_note(base, 'A')}",
+        f"B {t_b}: {ratio}{budget_note(base, 'A')}",
     ]
 
 
@@ -107,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
     rows = curve_table(runs, args.x, args.metric)
-    print(describe("A", args.a, runs["A"], rows, args.metric))
-    print(describe("B", args.b, runs["B"], rows, args.metric))
+    for side, path in (("A", args.a), ("B", args.b)):
+        print(describe(side, path, runs[side], args.x, args.metric))
     print(f"\n{args.x + ' (' + UNITS[args.x] + ')':>12s} {'A':>8s} {'B':>8s}")
     for r in rows:
         print(f"{r[args.x]:12.1f} " + " ".join(f"{r[k]:8.3f}" if k in r else f"{'':8s}" for k in ("A", "B")))

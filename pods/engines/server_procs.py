@@ -63,9 +63,15 @@ def _die_with_parent() -> None:
         pass
 
 
+LOGS_ENV = "PODS_SERVER_LOGS"  # where launched servers log (pods.loop.run: the run directory's vllm_server/)
+
+
 def launch(model_dir: str, ro, count: int, on_cpu: bool, transport: str) -> tuple[list[subprocess.Popen], list[str], str]:
-    """Start ``count`` servers (``rollout.devices[k]``: server k's GPUs, or its CPU cores); (processes, URLs, log directory)."""
-    logs = tempfile.mkdtemp(prefix="pods-vllm-server-")
+    """Start ``count`` servers (``rollout.devices[k]``: server k's GPUs, or its CPU cores); (processes, URLs, log directory).
+    The logs go to ``$PODS_SERVER_LOGS`` (a training run sets it to ``<run_dir>/vllm_server``; each start appends), else
+    to a new ``pods-vllm-server-*`` folder of the system's temporary directory."""
+    logs = os.environ.get(LOGS_ENV) or tempfile.mkdtemp(prefix="pods-vllm-server-")
+    os.makedirs(logs, exist_ok=True)
     procs, urls = [], []
     for k in range(count):
         port = ro.port + k if ro.port else free_port()
@@ -73,7 +79,7 @@ def launch(model_dir: str, ro, count: int, on_cpu: bool, transport: str) -> tupl
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if ro.devices:  # one entry per server (a shorter list is reused round robin)
             env["VLLM_CPU_OMP_THREADS_BIND" if on_cpu else "CUDA_VISIBLE_DEVICES"] = str(ro.devices[k % len(ro.devices)])
-        with open(os.path.join(logs, f"server-{k}.log"), "wb") as log:
+        with open(os.path.join(logs, f"server-{k}.log"), "ab") as log:
             procs.append(
                 subprocess.Popen(
                     server_argv(model_dir, ro, port, on_cpu, transport),

@@ -1,6 +1,6 @@
 """``pods-eval`` / ``python -m pods.eval``: evaluate a model on a benchmark suite.
 
-    pods-eval MODEL [suite.KEY=VALUE ...] [--suite pods] [--checkpoint step_000100.pt|latest] [--engine hf]
+    pods-eval MODEL [suite.KEY=VALUE ...] [--suite pods] [--checkpoint step_000100.pt|latest|base] [--engine hf]
               [--out DIR] [--device cpu] [--dtype float32] [--max-batch 64]
 
 MODEL is a model directory, a hub id, or a pods run directory (its final/ weights, a checkpoint, a LoRA adapter over
@@ -14,7 +14,7 @@ before any model loads and before anything is written. This module only parses t
 ``Suite``, a ``Target``, ``Options``) for ``pods.eval.run.evaluate_suite``, which a training run's ``eval.suite`` calls
 too; ``--engine`` is a name in ``pods.engines.ENGINES``.
 
-``--each-checkpoint RUN`` evaluates every checkpoint of a run (and its final/), one summary each under
+``--each-checkpoint RUN`` evaluates the model a run started from (step 0), every checkpoint (and its final/), one summary each under
 ``OUT/eval/<suite>/checkpoints/<point>/`` and a curve over them (curve.csv, curve.png), here (``--launcher local``)
 or as one SLURM job each (``--launcher submitit``); with ``--checkpoint POINT`` only that one (``pods.eval.each``).
 """
@@ -29,7 +29,7 @@ from pods.errors import ConfigError
 from pods.numerics import pin
 
 USAGE = (
-    "pods-eval MODEL [suite.KEY=VALUE ...] [--suite NAME] [--checkpoint FILE|latest] [--engine NAME] [--out DIR] [...]\n"
+    "pods-eval MODEL [suite.KEY=VALUE ...] [--suite NAME] [--checkpoint FILE|latest|base] [--engine NAME] [--out DIR] [...]\n"
     "       pods-eval --each-checkpoint RUN [suite.KEY=VALUE ...] [--launcher local|submitit] [...]"
 )
 
@@ -41,7 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("model", nargs="?", metavar="MODEL", help="a model directory, a hub id, or a pods run directory (required)")
     p.add_argument("overrides", nargs="*", metavar="suite.KEY=VALUE", help="suite overrides (optional)")
     p.add_argument("--suite", default="pods", help="conf/suite/NAME.yaml (default: pods)")
-    p.add_argument("--checkpoint", default=None, help="run directory: a file under checkpoints/ or 'latest' (default: final/)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="run directory: a file under checkpoints/, 'latest', or 'base' (the model it started from); default: its final/ when the "
+        "run saved one (train.save_final=true or train.checkpoint_at_end=weights), else its newest checkpoint",
+    )
     p.add_argument("--engine", default="hf", choices=ENGINES.names(), help="generation engine (pods.engines.ENGINES; vllm: when installed)")
     p.add_argument("--out", type=Path, default=None, help="writes OUT/eval/<suite>/ (default: the run directory, else .)")
     p.add_argument("--device", default=None, help="default: cpu (--launcher submitit: the run's hardware.device)")

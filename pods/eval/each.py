@@ -1,7 +1,8 @@
 """``pods-eval --each-checkpoint RUN``: every checkpoint of a run on one suite, one summary each, and a curve over them.
 
-The points: every ``RUN/checkpoints/step_N.pt`` (step N) and ``RUN/final/`` (step: the run's last training step in
-metrics.jsonl), ``final/`` left out when a checkpoint has that step (the same weights). Each point is evaluated by
+The points: ``base``, the model the run started from (step 0), every ``RUN/checkpoints/step_N.pt`` (step N) and
+``RUN/final/`` (step: the run's last training step in metrics.jsonl), ``final/`` left out when a checkpoint has that
+step (the same weights). ``--checkpoint`` restricts it to one point (``base``, ``step_N``, ``final`` or ``latest``). Each point is evaluated by
 ``pods.eval.run.evaluate_suite`` into ``OUT/eval/<suite>/checkpoints/<point>/`` (``step_000002``, ``final``): its
 summary.json, table.md, samples.jsonl and config.json, as ``pods-eval`` writes them for one model. A point whose
 summary is there already, from the same suite and options, is kept, not evaluated again (a rerun after a failed job
@@ -44,7 +45,7 @@ def points(run: Path) -> list[Point]:
     """The run's checkpoints by step, then ``final/`` unless a checkpoint holds its step (see the module docstring)."""
     from pods.eval.weights import last_step
 
-    found, sharded = [], []
+    found, sharded = [Point("base", 0, "base")], []
     for f in sorted((run / "checkpoints").glob("step_*.pt")):
         if f.with_suffix(".shards").is_dir():  # DeepSpeed ZeRO's partitions: no model one process loads (final/ is whole)
             sharded.append(f.name)
@@ -58,14 +59,16 @@ def points(run: Path) -> list[Point]:
             found.append(Point("final", step, None))
     if sharded:
         print(f"pods-eval: left out: {', '.join(sharded)} (sharded DeepSpeed checkpoints; final/ is whole)", file=sys.stderr, flush=True)
-    if not found:
+    if len(found) == 1:  # the base point alone
         none = "only sharded (DeepSpeed) checkpoints and no final/" if sharded else "no checkpoints/step_*.pt and no final/"
         raise ConfigError(f"--each-checkpoint: {run} has no checkpoint pods-eval can load ({none})")
     return found
 
 
 def select(run: Path, only: str | None) -> list[Point]:
-    """Every point of ``run``, or the one ``only`` names (``step_000002``, ``step_000002.pt`` or ``final``)."""
+    """Every point of ``run``, or the one ``only`` names (``base``, ``step_000002``, ``step_000002.pt``, ``final``, or
+    ``latest``: the checkpoint the run's marker names, as single mode reads it)."""
+    from pods.checkpoint import latest
     from pods.eval.weights import run_config
 
     if run_config(run) is None:
@@ -73,6 +76,9 @@ def select(run: Path, only: str | None) -> list[Point]:
     every = points(run)
     if only is None:
         return every
+    if only == "latest":
+        newest = latest(run / "checkpoints") or next(iter(sorted((run / "checkpoints").glob("step_*.pt"))[-1:]), None)
+        only = newest.name if newest is not None else "final"
     chosen = [p for p in every if only in (p.name, p.checkpoint)]
     if not chosen:
         raise ConfigError(f"--checkpoint: {only} is not a checkpoint of {run}; its points: {', '.join(p.name for p in every)}")

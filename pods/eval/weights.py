@@ -64,10 +64,12 @@ def resolve(model: str, checkpoint: str | None = None) -> Target:
         check_model_available(Model.of({"name": model, "path": model}))  # a hub id offline and not cached: one line
         return Target("model", model)
     lora = cfg["hardware"].get("lora") if cfg["hardware"].get("finetune") == "lora" else None
-    kind, weights = run_weights(path, checkpoint)  # before the base is resolved: a tiny builder would build it
+    kind, weights = ("model", None) if checkpoint == "base" else run_weights(path, checkpoint)  # before a tiny builder builds the base
     run_model = Model.of(cfg["model"])  # the run's model section, validated (ConfigError naming the key)
     check_model_available(run_model)
     base = str(resolve_model_dir(run_model))
+    if kind == "model":  # --checkpoint base: the model the run started from (step 0)
+        return Target(kind, base, run_dir=path, run_cfg=cfg)
     if kind == "final" and not (weights / "adapter_config.json").is_file():
         lora = None
     state = checkpoint_model_state(weights) if kind == "checkpoint" else None
@@ -147,8 +149,8 @@ def checkpoint_model_state(file: Path) -> dict:
 
     from pods.checkpoint import FORMAT
 
-    others = ", ".join(p.name for p in sorted(file.parent.glob("step_*.pt")) if p != file) or "none"
-    hint = f"choose another with --checkpoint FILE (in {file.parent}: {others})"
+    others = ", ".join(p.name for p in sorted(file.parent.glob("step_*.pt")) if p != file)
+    hint = f"choose another with --checkpoint FILE ({file.parent} holds {others})" if others else f"{file.parent} holds no other checkpoint"
     try:
         blob = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:

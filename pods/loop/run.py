@@ -5,6 +5,7 @@ through ``pods.loop.rollouts`` and ``pods.loop.learn`` (or the producer thread),
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -76,19 +77,20 @@ class Run:
         self.log = setup(self.dist.rank)  # rank 0 logs (under Hydra into <run_dir>/train.log); the others only warn
         self.run_dir = Path(self.dist.broadcast(str(run_dir)))  # rank 0's (Hydra's timestamped name can differ by a second)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.dist.is_main:
-            with atomic(self.run_dir / "config.json") as f:  # replaced whole: a kill leaves the old record or the new one
-                f.write(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
         if hw.torch_threads:
             torch.set_num_threads(hw.torch_threads)
         torch.manual_seed(cfg.seed + self.dist.rank)  # each rank samples its own rollouts
-        task = DATASETS.get(ds.name)(ds)  # data first: a missing file fails before the model loads
+        task = DATASETS.get(ds.name)(ds)  # data first: a missing file fails before the model loads (and before the record)
+        if self.dist.is_main:
+            with atomic(self.run_dir / "config.json") as f:  # replaced whole: a kill leaves the old record or the new one
+                f.write(json.dumps({**cfg.model_dump(), "provenance": provenance(cfg.model)}, indent=2))
         self.model_dir = resolve_model_dir(cfg.model)
         self.tok = load_tokenizer(self.model_dir)
         chat = cfg.model.chat_template_kwargs  # Qwen3's enable_thinking and the like
         self.train_ids, train_ex, self.dropped = encode_prompts(task.train, self.tok, ds.max_prompt_length, chat)
         test_ids, test_ex, _ = encode_prompts(task.test[: ev.max_examples], self.tok, ds.max_prompt_length, chat)
         self.backend = BACKENDS.get(hw.backend)(self.model_dir, cfg)
+        os.environ["PODS_SERVER_LOGS"] = str(self.run_dir / "vllm_server")  # a launched vllm_server logs in the run
         self.engine = ENGINES.get(cfg.rollout.name)(self.model_dir, self.tok, cfg.rollout, policy=self.backend.policy)
         remember(engine=self.engine, backend=self.backend, policy=self.backend.policy)  # gone before the suite's process
         np.random.seed(cfg.seed + self.dist.rank)  # vLLM's GPU runner seeds each unseeded request from NumPy's global RNG
@@ -236,7 +238,8 @@ class Run:
 
 def train(cfg: Root, run_dir: str | Path) -> dict:
     """Run one experiment from a validated config (``pods.config.validate``: typed and checked before any model or
-    dataset is loaded); returns the last eval row. Writes config.json, metrics.jsonl, checkpoints/."""
+    dataset is loaded); returns the last eval row (with ``stopped``, the signal's name, when a stop request
+    ended it early: ``pods.signals``). Writes config.json, metrics.jsonl, checkpoints/."""
     if not isinstance(cfg, Root):
         raise ConfigError(f"pods.loop.train takes a validated config, not a {type(cfg).__name__}: pass pods.config.validate(cfg)")
     end = resume.check(cfg, run_dir)  # (0)  # a resume with other settings: refused; a finished run: nothing to do
@@ -264,6 +267,7 @@ def train(cfg: Root, run_dir: str | Path) -> dict:
                 run.save()  # (10)
     finally:
         progress.close()
-    last = run.finish(last, stopped=run.dist.any(stop.requested))
+    stopped = run.dist.any(stop.requested)
+    last = run.finish(last, stopped=stopped)
     stop.after_checkpoint()
-    return last
+    return {**last, "stopped": stop.by or "another rank's stop request"} if stopped else last

@@ -73,6 +73,14 @@ def load_run(run_dir: str | Path) -> Run:
     """Read ``run_dir/metrics.jsonl`` (and ``config.json`` when there is one)."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
+    starts = sum(r.get("kind") == "setup" for r in rows)  # one per run: a resume keeps the first start's row
+    if starts > 1:
+        from pods.log import get
+
+        get(__name__).warning(
+            f"{run_dir / 'metrics.jsonl'} holds the rows of {starts} runs ({starts} setup rows), appended into one directory "
+            "before pods refused a second run there: its curves mix them; split the file or train that run again"
+        )
     cfg = run_dir / "config.json"
     return Run(
         str(run_dir),

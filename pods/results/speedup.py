@@ -138,13 +138,13 @@ def band_line(
     """One printed line: the band metric per seed pair and pooled (``band ... pooled N.NNx``), its interval from 3
     seeds, and which curve it comes from (``source``)."""
     r = band_speedup(base, arm, band, n_boot)
+    head = f"{name} by {x}, band on {source} {r['levels'][0]:.3f}-{r['levels'][-1]:.3f} ({band.text()})"
+    if r["never"] == band.levels:  # a ratio of 0.00x would read as a number measured
+        return f"{head}: no speed-up: the arm reached none of the {band.levels} levels"
     pairs = " ".join(f"{p:.2f}x" for p in r["pairs"])
     interval = f" [95% {r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else " (no interval below 3 seeds)"
     never = f"; never reached {r['never']} of {band.levels} levels" if r["never"] else ""
-    return (
-        f"{name} by {x}, band on {source} {r['levels'][0]:.3f}-{r['levels'][-1]:.3f} ({band.text()}): per seed pair {pairs}; "
-        f"pooled {r['speedup']:.2f}x{interval}{never}"
-    )
+    return f"{head}: per seed pair {pairs}; pooled {r['speedup']:.2f}x{interval}{never}"
 
 
 def budget_note(base: list[Curve], baseline: str) -> str:

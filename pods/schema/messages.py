@@ -36,7 +36,7 @@ def explain(e: ValidationError, model: type[BaseModel], where: str = "") -> str:
         return f"{key} must be an integer, got {got!r}{more}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}", "less_than_equal": "<= {le}"}[kind]
-        bound = op.format(**{k: f"{v:g}" for k, v in err["ctx"].items()})
+        bound = op.format(**{k: v if isinstance(v, int) else f"{v:g}" for k, v in err["ctx"].items()})  # 2147483647, not 2.14748e+09
         return f"{key} must be {bound}{' (or null)' if _optional(model, loc) else ''}, got {got!r}{more}"
     if kind in ("too_short", "too_long"):
         return f"{key} must have {_size(model, loc)} items, got {got!r}{more}"

@@ -29,6 +29,9 @@ class Sampling(Section):
     stop: list[str] = []  # extra stop strings (the end-of-turn token always stops)
 
 
+MAX_REFILL = 32  # train.refill_batches: DAPO's recipe allows 10 generation batches per step; more is a run that never trains
+
+
 class Train(Section):
     prompts_per_step: Pos = 2  # prompt groups per optimizer step (per rank)
     group_repeats: Pos = 1  # each distinct prompt fills this many groups of a step (must divide prompts_per_step)
@@ -40,6 +43,7 @@ class Train(Section):
     checkpoint_at_end: Literal["full", "weights", False] = "full"
     keep_checkpoints: Pos | None = None  # keep the newest k; null = all
     resume: str | None = None  # null | auto | /path/to/step_XXXXXX.pt
+    start_over: bool = False  # a fresh run into a directory holding a run: move that run aside (<dir>.old<k>), never delete it
     save_final: bool = False
     sampler_gap_warn: PosF | None = None  # warn above this mean |trainer - sampler| log-prob gap; null = by dtype (pods.backends.gap)
     # dynamic sampling (DAPO; pods.loop.rollouts, docs/knobs.md): drop groups of zero reward variance, refill from more prompt batches
@@ -55,6 +59,18 @@ class Train(Section):
         need(self.prompts_per_step % self.group_repeats == 0, "train.group_repeats must divide train.prompts_per_step")
         need(self.max_steps or self.time_budget_s, "set train.max_steps or train.time_budget_s (or both)")
         need(not self.refill_batches or self.group_filter != "none", "train.refill_batches needs train.group_filter (nonzero_std)")
+        need(
+            self.refill_batches <= MAX_REFILL,
+            f"train.refill_batches must be <= {MAX_REFILL}, got {self.refill_batches}: each is one more generation of the step's "
+            "prompts, so a step of zero-variance groups would generate that many batches before it trains",
+        )
+        k, steps = self.max_staleness, self.max_steps
+        need(
+            not (k and steps and k > steps),
+            f"train.max_staleness must be <= train.max_steps ({steps}), got {k}: no row of a {steps}-step run can be that stale, "
+            "so the bound would hold nothing back (a larger train.max_steps or a smaller bound)",
+        )
+        need(not (self.start_over and self.resume), "train.start_over=true starts the run again and train.resume continues it: set one")
         return self
 
 

@@ -80,7 +80,7 @@ def test_grade_refuses_an_output_it_cannot_write(tmp_path, where):
     message = {
         "directory": f"{tmp_path} is a directory, not a file",
         "under_a_file": f"cannot create {out}: {src} is a file, not a directory",
-        "unwritable": f"cannot write {out}: /sys is not writable (Permission denied)",
+        "unwritable": f"cannot write {out}: making a file in /sys failed (Permission denied)",
     }[where]
     refused(run(["-m", "pods.grade", "--task", "gsm8k", "--input", src, "--output", out]), f"pods-grade: error: --output: {message}")
 
@@ -104,7 +104,7 @@ def test_memory_all_refuses_an_out_it_cannot_write(tmp_path, where):
     out = tmp_path / "f" if where == "file" else unwritable() / "pods-doors"
     if where == "file":
         out.write_text("")
-    why = f"{out} is a file, not a directory" if where == "file" else "/sys is not writable (Permission denied)"
+    why = f"{out} is a file, not a directory" if where == "file" else "making a file in /sys failed (Permission denied)"
     refused(
         run(["-m", "pods.memory", "--all", "--out", out]),
         f"pods: config error: --out: cannot {'create' if where == 'file' else 'write'} {out / 'estimates.csv'}: {why}",
@@ -119,7 +119,9 @@ def test_train_refuses_a_run_dir_it_cannot_write(tmp_path, where):
         run_dir.write_text("")
     p = run(["-m", "pods.train", "experiment=toy_pods_64_16_cpu", f"hydra.run.dir={run_dir}"])
     why = (
-        f"{run_dir} is a file, not a directory" if where == "file" else f"cannot write {run_dir}: /sys is not writable (Permission denied)"
+        f"{run_dir} is a file, not a directory"
+        if where == "file"
+        else f"cannot write {run_dir}: making a file in /sys failed (Permission denied)"
     )
     refused(p, f"pods: config error: hydra.run.dir: {why}")
 

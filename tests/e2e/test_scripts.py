@@ -132,3 +132,31 @@ def test_gap_table_joins_the_isas_and_fails_when_a_gap_reaches_its_tolerance(tmp
     over = table(gaps("AVX512", [1e-4]))
     assert over.returncode == 1
     assert table(tmp_path / "none.jsonl").returncode != 0
+
+
+def test_compare_runs_says_one_best_per_side_and_no_speed_up_for_a_target_never_reached(tmp_path):
+    """A peaks between the common grid's points (its evaluations at 0, 3, 6 s; B's at 0, 4, 8 s): the side's line used
+    to print the grid's best (an interpolated 0.6xx) and the 99% line A's own (0.700); B never reaches 99% of it, which
+    used to print "speed-up 0.00x"."""
+    a = write_run(tmp_path / "a", [0.2, 0.7, 0.5], dt=0.75, n=16)
+    b = write_run(tmp_path / "b", [0.1, 0.2, 0.3], dt=1.0, n=64)
+    p = compare(a, b)
+    assert p.returncode == 0, p.stderr
+    assert "accuracy 0.200 at start, best 0.700, last 0.500" in p.stdout, p.stdout  # the grid said last 0.667 (at 3.5 s)
+    assert "99% of A's best mean 0.700" in p.stdout and "0.00x" not in p.stdout
+    assert "B never: no speed-up: B never reached it" in p.stdout and "no speed-up: the arm reached none of the 11 levels" in p.stdout
+
+
+def test_compare_runs_warns_about_a_metrics_file_holding_two_runs(tmp_path):
+    """A run started twice into one directory (before that was refused) appended a second setup row and its rows:
+    compare_runs.py used to read the mixed file without a word."""
+    a = write_run(tmp_path / "a", [0.2, 0.5, 0.6], dt=1.0, n=16)
+    b = write_run(tmp_path / "b", [0.2, 0.5, 0.6], dt=0.5, n=64)
+    text = (b / "metrics.jsonl").read_text()
+    (b / "metrics.jsonl").write_text(
+        json.dumps({"kind": "setup", "step": 0}) + "\n" + text + json.dumps({"kind": "setup", "step": 0}) + "\n" + text
+    )
+    p = compare(a, b)
+    assert p.returncode == 0, p.stderr
+    assert f"{b / 'metrics.jsonl'} holds the rows of 2 runs (2 setup rows)" in p.stderr, p.stderr
+    assert "holds the rows of" not in compare(a, a).stderr

@@ -48,11 +48,11 @@ def test_each_checkpoint_one_summary_each_and_a_curve_over_them(run, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     root = out / "eval" / "toy"
     got = summaries(root)
-    assert list(got) == ["step_000001", "step_000002", "step_000003"]  # final/ holds step 3's weights: not twice
-    for name, s in got.items():
-        assert s["weights"] == str(run / "checkpoints" / f"{name}.pt")
+    assert list(got) == ["base", "step_000001", "step_000002", "step_000003"]  # final/ holds step 3's weights: not twice
+    for name, s in got.items():  # base: the model the run started from, step 0 of the curve (it used to have no step 0)
+        assert s["weights"] == str(run / "checkpoints" / f"{name}.pt") if name != "base" else (Path(s["weights"]) / "config.json").is_file()
     rows = list(csv.DictReader((root / "curve.csv").open()))
-    assert [(r["step"], r["benchmark"]) for r in rows] == [(s, b) for s in "123" for b in ("toy_arith", "macro")]
+    assert [(r["step"], r["benchmark"]) for r in rows] == [(s, b) for s in "0123" for b in ("toy_arith", "macro")]
     for r in rows:
         assert float(r["avg@n"]) == pytest.approx(got[r["checkpoint"]]["benchmarks"]["toy_arith"]["avg@n"], abs=1e-12)
         assert float(r["pass@2"]) == pytest.approx(got[r["checkpoint"]]["macro"]["pass@k"]["2"], abs=1e-12)
@@ -65,20 +65,29 @@ def test_each_checkpoint_one_summary_each_and_a_curve_over_them(run, tmp_path):
 
     before = {f: f.stat().st_mtime_ns for f in root.rglob("summary.json")}
     p = pods_eval(["--each-checkpoint", str(run), *SUITE, "--out", str(out)])
-    assert p.returncode == 0 and p.stdout.count("evaluated already") == 3, p.stdout[-2000:]
+    assert p.returncode == 0 and p.stdout.count("evaluated already") == 4, p.stdout[-2000:]
     assert before == {f: f.stat().st_mtime_ns for f in root.rglob("summary.json")}
 
 
 def test_the_points_are_the_checkpoints_then_final_unless_a_checkpoint_holds_its_step(run, tmp_path):
     from pods.eval.each import Point, points
 
-    assert [p.name for p in points(run)] == ["step_000001", "step_000002", "step_000003"]
+    assert [p.name for p in points(run)] == ["base", "step_000001", "step_000002", "step_000003"]
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     (copy / "checkpoints" / "step_000003.pt").unlink()  # final/ is now the only copy of step 3
     assert points(copy)[-1] == Point("final", 3, None)
     shutil.rmtree(copy / "checkpoints")
-    assert points(copy) == [Point("final", 3, None)]
+    assert points(copy) == [Point("base", 0, "base"), Point("final", 3, None)]
+
+
+def test_latest_names_the_same_checkpoint_as_in_single_mode(run, tmp_path):
+    """``--each-checkpoint --checkpoint latest`` used to be refused ("latest is not a checkpoint of ..."), while the
+    single mode accepted it."""
+    from pods.eval.each import select
+
+    assert [p.name for p in select(run, "latest")] == [(run / "checkpoints" / "latest").read_text().strip().removesuffix(".pt")]
+    assert [p.name for p in select(run, "base")] == ["base"]
 
 
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
@@ -104,11 +113,11 @@ def test_one_job_per_checkpoint_through_the_submitit_launcher(run, tmp_path):
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     root = out / "eval" / "toy"
-    assert list(summaries(root)) == ["step_000001", "step_000002", "step_000003"]
+    assert list(summaries(root)) == ["base", "step_000001", "step_000002", "step_000003"]
     for d in (root / "checkpoints").glob("step_*"):
         assert json.loads((d / "launch.json").read_text())["status"] == "finished"
-    assert len(list((root / "checkpoints" / ".submitit").glob("[0-9]*"))) == 3  # one job each (by its id)
-    assert len(list(csv.DictReader((root / "curve.csv").open()))) == 6
+    assert len(list((root / "checkpoints" / ".submitit").glob("[0-9]*"))) == 4  # one job each (by its id)
+    assert len(list(csv.DictReader((root / "curve.csv").open()))) == 8
 
 
 def test_a_corrupt_checkpoint_is_one_line_the_others_are_evaluated_and_exit_1(run, tmp_path):
@@ -119,5 +128,7 @@ def test_a_corrupt_checkpoint_is_one_line_the_others_are_evaluated_and_exit_1(ru
     assert p.returncode == 1, p.stderr[-3000:]
     assert "pods-eval: step_000002: --checkpoint:" in p.stderr and "not evaluated: step_000002" in p.stderr
     root = copy / "eval" / "toy"
-    assert list(summaries(root)) == ["step_000001", "step_000003"]
-    assert [r["checkpoint"] for r in csv.DictReader((root / "curve.csv").open())] == ["step_000001"] * 2 + ["step_000003"] * 2
+    assert list(summaries(root)) == ["base", "step_000001", "step_000003"]
+    assert [r["checkpoint"] for r in csv.DictReader((root / "curve.csv").open())] == ["base"] * 2 + ["step_000001"] * 2 + [
+        "step_000003"
+    ] * 2

@@ -110,3 +110,27 @@ def test_an_offline_hub_benchmark_names_the_suite_key_for_local_files(tiny_dir, 
     )
     assert "suite.benchmarks.math500.files=" in err and "dataset.train_files" not in err
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_corrupt_checkpoint_with_no_other_one_says_so(run_dir):
+    """It used to say "(in .../checkpoints: none)" where it meant that no other checkpoint is there."""
+    (run_dir / "checkpoints" / "step_000001.pt").write_text("not a checkpoint\n")
+    err = one_line(pods_eval([run_dir, "--checkpoint", "step_000001.pt", *TOY]))
+    assert err.endswith(f"; {run_dir / 'checkpoints'} holds no other checkpoint") and ": none" not in err, err
+
+
+def test_help_says_what_a_run_directory_is_evaluated_at_by_default():
+    """``(default: final/)`` was wrong for most runs: they have no final/ unless train.save_final=true."""
+    p = pods_eval(["--help"])
+    text = " ".join(p.stdout.split())
+    assert p.returncode == 0 and "(default: final/)" not in text
+    assert (
+        "default: its final/ when the run saved one (train.save_final=true or train.checkpoint_at_end=weights), else its newest checkpoint"
+        in text
+    )
+
+
+def test_an_out_where_no_file_can_be_made_says_the_errno_as_its_reason(run_dir):
+    """/proc exists but takes no file: the message used to say "/proc is not writable (No such file or directory)"."""
+    err = one_line(pods_eval([run_dir, *TOY, "--out", "/proc/pods-out"]))
+    assert err == "pods-eval: --out: cannot write /proc/pods-out: making a file in /proc failed (No such file or directory)", err

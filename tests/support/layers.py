@@ -56,6 +56,7 @@ LAYERS: dict[int, tuple[str, list[str]]] = {
         "entry points",
         [
             "pods.train",
+            "pods.usage",
             "pods.eval.__main__",
             "pods.eval.cli",
             "pods.export",  # pods-export: a run as a plain model directory
