@@ -22,7 +22,9 @@ TINY = ["train.max_steps=2", "train.prompts_per_step=4", "eval.max_examples=4", 
 def test_reproduce_runs_two_arms_and_summarizes(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     cmd = [sys.executable, "-m", "pods.results.d3s_outcome", "reproduce", "--seeds", "1", "--arms", "grpo", "cross"]
-    subprocess.run(cmd + ["--out", str(out), "--runs", str(runs), *TINY], cwd=ROOT, env=worker_env(), check=True, timeout=900, capture_output=True)
+    subprocess.run(
+        cmd + ["--out", str(out), "--runs", str(runs), *TINY], cwd=ROOT, env=worker_env(), check=True, timeout=900, capture_output=True
+    )
     table = list(csv.DictReader((out / "summary.csv").open()))
     assert [(r["arm"], r["seed"], r["steps"]) for r in table] == [("grpo", "1", "2"), ("cross", "1", "2")]
     grpo, cross = table
@@ -39,4 +41,8 @@ def test_probe_measures_every_term_count_of_the_shipped_model(tmp_path):
     subprocess.run(cmd, cwd=ROOT, env=worker_env(), check=True, timeout=600, capture_output=True)
     rec = json.loads((tmp_path / "probe.jsonl").read_text().splitlines()[-1])
     assert rec["model"] == "tiny-181f2e0d2e28" and sorted(rec["per_terms"]) == ["2", "3", "4", "5"]
-    assert all(r["prompts"] == 2 and 0 <= r["sampled"] <= 1 for r in rec["per_terms"].values()) and set(rec["gate"]) == {"greedy", "sampled", "zero_var"}
+    assert all(r["prompts"] == 2 and 0 <= r["sampled"] <= 1 for r in rec["per_terms"].values()) and set(rec["gate"]) == {
+        "greedy",
+        "sampled",
+        "zero_var",
+    }
