@@ -247,12 +247,15 @@ class SparseHFEngine(PolicyEngine):
         finally:
             for h in handles:
                 h.remove()
-        toks, lps = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
+        return self._rows(torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist(), p.tolist(), peak, held, cut)
+
+    def _rows(self, toks: list, lps: list, p: list, peak, held, cut) -> list[tuple]:
+        """Per row, cut after its first stop token: (tokens, log-probs, finish, dense peak, sparse peak, token-steps, cut)."""
         out = []
-        for b in range(B):
+        for b in range(len(toks)):
             end = next((i for i, x in enumerate(toks[b]) if x in self.stop_ids), None)
             keep = len(toks[b]) if end is None else end + 1
-            row = (toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", int(p[b]) + keep - 1, int(peak[b]))
+            row = (toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", p[b] + keep - 1, int(peak[b]))
             out.append(row + (int(held[b]), bool(cut[b])))
         return out
 

@@ -111,6 +111,11 @@ def test_cache_replay_matches_the_engines_own_count(budget, interval, keep):
         out.metrics["kv_bytes_sparse"]
     )
     assert s.kv_stats(prompts, lens, None, 1, 1)["kv_peak"] * _per_token(model) == pytest.approx(out.metrics["kv_bytes_dense"])
+    # the batch aggregate: token-steps and the share ever cut, replayed from the lengths alone (stops, padding included)
+    replay = s.kv_stats(prompts, lens, budget, interval, 1, keep)
+    assert replay["kv_steps"] == out.metrics["kv_token_steps_sparse"] < out.metrics["kv_token_steps_dense"]
+    assert s.kv_stats(prompts, lens, None, 1, 1)["kv_steps"] == out.metrics["kv_token_steps_dense"]
+    assert replay["compressed_frac"] == out.metrics["kv_compressed_frac"] > 0
     assert s.cache_sizes(30, 5, 32, 8) == [30, 31, 32, 25, 26] and s.cache_sizes(30, 3) == [30, 31, 32]
 
 
