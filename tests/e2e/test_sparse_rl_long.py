@@ -134,3 +134,25 @@ def test_regime_report_without_runs_is_one_line(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "no finished run" in p.stderr, p.stderr
     assert not any(out.glob("*")) if out.exists() else True
+
+
+def test_regime_dose_rebuilds_both_kv_measures_from_committed_files(tmp_path):
+    """``scripts/sparse_rl_regime.py dose``: dose_response.csv from the committed presweep.csv and summary.csv, both KV
+    measures per setting (the aggregate below the peak where every rollout is cut), the trained aggregate blank for
+    runs that did not record it."""
+    import csv
+    import importlib.util
+    import shutil
+
+    regime = ROOT / "results" / "cpu" / "sparse_rl" / "regime"
+    for name in ("presweep.csv", "summary.csv"):
+        shutil.copy(regime / name, tmp_path / name)
+    spec = importlib.util.spec_from_file_location("sparse_rl_regime", ROOT / "scripts" / "sparse_rl_regime.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["dose", "--out", str(tmp_path)])
+    rows = {r["setting"]: r for r in csv.DictReader((tmp_path / "dose_response.csv").open())}
+    w20 = rows["keep_prompt W=20"]
+    assert 0 < float(w20["kv_saving_token_steps"]) < float(w20["kv_saving"]) and float(w20["compressed_frac"]) > 0.9
+    assert w20["trained_kv_saving"] and w20["trained_kv_saving_token_steps"] == ""
+    assert list(csv.DictReader((tmp_path / "dose_response.csv").open())) == list(csv.DictReader((regime / "dose_response.csv").open()))
