@@ -60,12 +60,17 @@ def cache_sizes(prompt: int, completion: int, budget: int | None = None, interva
 def kv_stats(
     prompts: list[int], completions: list[int], budget: int | None, interval: int, per_token: int, keep_prompt: bool = False
 ) -> dict:
-    """Mean over sequences of the peak and of the mean KV bytes per sequence (all layers, keys + values);
-    ``keep_prompt``: the budget counts decoded tokens only (``rollout.keep_prompt``)."""
-    sizes = [cache_sizes(p, c, None if budget is None else budget + p * keep_prompt, interval) for p, c in zip(prompts, completions)]
+    """Mean over sequences of the peak and of the mean KV bytes per sequence (all layers, keys + values), the KV
+    byte-steps summed over every sequence and decoded token (the engine's ``kv_token_steps_*`` x bytes per token) and
+    the share of sequences cut at least once; ``keep_prompt``: the budget counts decoded tokens only."""
+    budgets = [None if budget is None else budget + p * keep_prompt for p in prompts]
+    sizes = [cache_sizes(p, c, b, interval) for p, c, b in zip(prompts, completions, budgets)]
+    cut = [b is not None and c >= 2 and p + c - 1 > b for p, c, b in zip(prompts, completions, budgets)]
     return {
         "kv_peak": per_token * statistics.fmean(max(s) for s in sizes),
         "kv_mean": per_token * statistics.fmean(statistics.fmean(s) for s in sizes),
+        "kv_steps": per_token * sum(sum(s) for s in sizes),
+        "compressed_frac": statistics.fmean(cut),
     }
 
 
@@ -156,7 +161,7 @@ def final(run_dir: Path) -> dict:
 SUMMARY = [
     "arm", "seed", "steps", "train_time_s", "acc_start", "acc_final", "acc_best", "acc_final_dense_engine",
     "kv_peak_bytes", "kv_mean_bytes", "kv_peak_bytes_dense_cache", "kv_mean_bytes_dense_cache", "kv_saving_peak", "kv_saving_mean",
-    "train_kv_peak_bytes", "train_kv_peak_bytes_dense_cache", "rejected_frac", "masked_frac", "weight_max", "mismatch_kl",
+    "kv_saving_token_steps", "compressed_frac", "train_kv_saving_token_steps", "train_compressed_frac", "train_kv_peak_bytes", "train_kv_peak_bytes_dense_cache", "rejected_frac", "masked_frac", "weight_max", "mismatch_kl",
 ]  # fmt: skip
 
 
@@ -196,6 +201,10 @@ def run_row(arm: str, seed: int, d: Path) -> dict:
         "kv_mean_bytes_dense_cache": own["dense_kv_mean"],
         "kv_saving_peak": 1 - own["kv_peak"] / own["dense_kv_peak"],
         "kv_saving_mean": 1 - own["kv_mean"] / own["dense_kv_mean"],
+        "kv_saving_token_steps": 1 - own["kv_steps"] / own["dense_kv_steps"] if "kv_steps" in own else None,  # runs before it: blank
+        "compressed_frac": own.get("compressed_frac"),
+        "train_kv_saving_token_steps": mean("kv_saving_token_steps"),
+        "train_compressed_frac": mean("kv_compressed_frac"),
         "train_kv_peak_bytes": mean("kv_bytes_sparse"),
         "train_kv_peak_bytes_dense_cache": mean("kv_bytes_dense"),
         "rejected_frac": mean("sparse_rl_rejected_frac"),

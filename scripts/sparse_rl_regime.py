@@ -4,6 +4,7 @@
     python scripts/sparse_rl_regime.py run [--seeds 1 2 3]      # dense, uncorrected and Sparse-RL, one run at a time
     python scripts/sparse_rl_regime.py final                    # final policies under their own and the dense engine
     python scripts/sparse_rl_regime.py report                   # dose_response.csv, summary.csv, curves, under --out
+    python scripts/sparse_rl_regime.py dose                     # dose_response.csv from the committed presweep + summary
 
 ``sweep`` samples the warm-started toy_long model (the long experiment's, before any training) on the test prompts
 at T = 1 with the dense HF engine and with the compressed sampler at each setting of ``SETTINGS`` (the prompt kept,
@@ -46,6 +47,8 @@ SWEEP = [
     "kv_peak",
     "kv_peak_dense",
     "kv_saving",
+    "kv_saving_token_steps",
+    "compressed_frac",
     "n",
 ]
 
@@ -107,12 +110,16 @@ def sweep(out: Path, repeats: int) -> list[dict]:
     for name, kw in SETTINGS.items():
         res, ro = sample(ENGINES.get("sparse_hf")(model_dir, tok, complete(SparseHfRollout, name="sparse_hf", **kw), policy=model))
         gaps, peaks, full = [], [], []
+        plens = [len(ro.prompt_ids[i // ro.n]) for i in range(len(ro.completion_ids))]
         for i, (comp, lps) in enumerate(zip(ro.completion_ids, ro.logprobs)):
             prompt = ro.prompt_ids[i // ro.n]
             gaps += [a - b for a, b in zip(lps, dense_logprobs(model, prompt, comp))]
             budget = kw["budget"] + (len(prompt) if kw.get("keep_prompt") else 0)
             peaks.append(max(_long().cache_sizes(len(prompt), len(comp), budget, kw["interval"])))
             full.append(len(prompt) + len(comp) - 1)
+        clens = list(map(len, ro.completion_ids))
+        agg = _long().kv_stats(plens, clens, kw["budget"], kw["interval"], 1, bool(kw.get("keep_prompt")))
+        agg_dense = _long().kv_stats(plens, clens, None, 1, 1)
         row = {"setting": name, "W_or_budget": kw["budget"], "keep_prompt": bool(kw.get("keep_prompt")), "n": res["n_eval"]}
         row |= {"accuracy": res["accuracy"], "dense_accuracy": dense["accuracy"], "sampler_acc_ratio": res["accuracy"] / dense["accuracy"]}
         row |= {
@@ -121,6 +128,7 @@ def sweep(out: Path, repeats: int) -> list[dict]:
             "kv_peak_dense": per_token * statistics.fmean(full),
         }
         row["kv_saving"] = 1 - row["kv_peak"] / row["kv_peak_dense"]
+        row |= {"kv_saving_token_steps": 1 - agg["kv_steps"] / agg_dense["kv_steps"], "compressed_frac": agg["compressed_frac"]}
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         rows.append(row)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,9 +141,13 @@ DOSE = [
     "W_or_budget",
     "keep_prompt",
     "kv_saving",
+    "kv_saving_token_steps",
+    "compressed_frac",
     "mismatch_kl",
     "sampler_acc_ratio",
     "trained_kv_saving",
+    "trained_kv_saving_token_steps",
+    "trained_compressed_frac",
     "trained_mismatch_kl",
 ]
 DOSE += ["dense_final", "sparse_rl_ratio", "sparse_rl_own_engine_ratio", "uncorrected_ratio", "seeds", "dense_source", "note"]
@@ -149,9 +161,16 @@ def _arm_means(rows: list[dict]) -> dict:
         rs = [r for r in rows if r["arm"] == arm]
         if rs:
             m = {k: statistics.fmean(float(r[k]) for r in rs) for k in ("acc_final_dense_engine", "acc_final", "kv_saving_peak")}
+            m |= {k: _mean_or_none(rs, k) for k in ("kv_saving_token_steps", "compressed_frac")}
             kls = [float(r["mismatch_kl"]) for r in rs if r.get("mismatch_kl") not in (None, "")]
             out[arm] = m | {"mismatch_kl": statistics.fmean(kls) if kls else None, "seeds": len(rs)}
     return out
+
+
+def _mean_or_none(rows: list[dict], key: str) -> float | None:
+    """The mean of ``key`` over rows that have it (runs written before a column existed leave it blank)."""
+    xs = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+    return statistics.fmean(xs) if xs else None
 
 
 def dose_response(out: Path, rows: list[dict]) -> list[dict]:
@@ -169,7 +188,8 @@ def dose_response(out: Path, rows: list[dict]) -> list[dict]:
         trained["keep_prompt W=20"] = (trained["keep_prompt W=20"][0], "long (same experiment file and seeds)")
     dose = []
     for r in sweep_rows:
-        row = {k: r[k] for k in ("setting", "W_or_budget", "keep_prompt", "kv_saving", "mismatch_kl", "sampler_acc_ratio")}
+        keys = ("setting", "W_or_budget", "keep_prompt", "kv_saving", "kv_saving_token_steps", "compressed_frac", "mismatch_kl")
+        row = {k: r.get(k) for k in keys + ("sampler_acc_ratio",)}
         arms, source = trained.get(r["setting"], ({}, ""))
         if "dense" in arms and "sparse_rl" in arms:
             d, srl = arms["dense"]["acc_final_dense_engine"], arms["sparse_rl"]
@@ -179,6 +199,7 @@ def dose_response(out: Path, rows: list[dict]) -> list[dict]:
                 "sparse_rl_own_engine_ratio": srl["acc_final"] / d,
             }
             row |= {"trained_kv_saving": srl["kv_saving_peak"], "trained_mismatch_kl": srl["mismatch_kl"], "dense_source": source}
+            row |= {"trained_kv_saving_token_steps": srl["kv_saving_token_steps"], "trained_compressed_frac": srl["compressed_frac"]}
             row["uncorrected_ratio"] = arms["sparse"]["acc_final_dense_engine"] / d if "sparse" in arms else None
             row["seeds"] = "/".join(str(arms[a]["seeds"]) for a in ("dense", "sparse", "sparse_rl") if a in arms)
         row["note"] = (
@@ -221,7 +242,7 @@ def _plot_dose(dose: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["sweep", "run", "final", "report"])
+    p.add_argument("what", choices=["sweep", "run", "final", "report", "dose"])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--repeats", type=int, default=8, help="sweep: samples per test prompt")
     p.add_argument("--runs", type=Path, default=RUNS)
@@ -238,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "run":  # the sparse arms seed by seed, then the dense arm (the long comparison's, rerun)
         order = [(a, s) for s in args.seeds for a in ("sparse_rl", "sparse")] + [("dense", s) for s in args.seeds]
         long.run_jobs([long._job(a, s, args.runs) for a, s in order], 1, args.out / "load.txt")
+    elif args.what == "dose":  # no runs needed: the trained arms from --out/summary.csv
+        import csv
+
+        dose_response(args.out, list(csv.DictReader((args.out / "summary.csv").open())))
     elif args.what == "report":
         for row in dose_response(args.out, long.report(args.out, args.runs)):
             print({k: v for k, v in row.items() if v not in (None, "")})

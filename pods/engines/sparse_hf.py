@@ -11,6 +11,10 @@ authors' SGLang code); a prompt longer than the budget is compressed before the 
 Returned log-probs are the SAMPLER's: log softmax(logits / T) of the compressed-cache forward. Metrics:
 ``kv_bytes_dense`` / ``kv_bytes_sparse`` = mean over the step's sequences of the peak KV bytes per sequence
 (all layers, keys + values) with a full cache / with this engine's cache; ``kv_saving`` = 1 - sparse / dense.
+The aggregate over the whole batch (the count the release's figure most plausibly is, docs/sparse-rl.md):
+``kv_token_steps_dense`` / ``kv_token_steps_sparse`` = the sum over sequences and decoded tokens of the KV entries
+per layer held by the forward that produced the token (the prefill's for the first); ``kv_saving_token_steps`` =
+1 - sparse / dense; ``kv_compressed_frac`` = the share of the step's sequences compressed at least once.
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ class SparseHFEngine(PolicyEngine):
             for j, res in zip(b or [], self._generate_rows(batch, sampling, lockstep)):
                 out[j] = res
         self.policy.train(was_training)
-        ids, lps, reasons, dense, sparse = (list(x) for x in zip(*out)) if out else ([],) * 5
+        ids, lps, reasons, dense, sparse, held, cut = (list(x) for x in zip(*out)) if out else ([],) * 7
         hf = unwrap(self.policy).config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
@@ -118,6 +122,10 @@ class SparseHFEngine(PolicyEngine):
             "kv_bytes_sparse": per_token * sum(sparse) / max(len(sparse), 1),
         }
         metrics["kv_saving"] = 1 - metrics["kv_bytes_sparse"] / max(metrics["kv_bytes_dense"], 1e-9)
+        full = sum(dense_token_steps(len(prompts[rows[j]]), len(ids[j])) for j in range(len(ids)))
+        metrics |= {"kv_token_steps_dense": float(full), "kv_token_steps_sparse": float(sum(held))}
+        metrics["kv_saving_token_steps"] = 1 - sum(held) / max(full, 1)
+        metrics["kv_compressed_frac"] = sum(cut) / max(len(cut), 1)
         texts = self.tok.batch_decode(ids, skip_special_tokens=True)
         return Rollouts(prompt_ids=prompts, completion_ids=ids, texts=texts, logprobs=lps, finish_reasons=reasons, n=n, metrics=metrics)
 
@@ -188,7 +196,8 @@ class SparseHFEngine(PolicyEngine):
         return new_n
 
     def _generate_rows(self, prompts: list[list[int]], s: Sampling, lockstep: bool = False) -> list[tuple]:
-        """One batch, left-padded when lengths differ: per row (tokens, log-probs, finish, dense peak, sparse peak)."""
+        """One batch, left-padded when lengths differ: per row (tokens, log-probs, finish, dense peak, sparse peak, KV
+        token-steps held, compressed at least once)."""
         from transformers import DynamicCache
 
         model = unwrap(self.policy)
@@ -204,7 +213,7 @@ class SparseHFEngine(PolicyEngine):
         n, base = p.clone(), p.clone() if self.cfg.keep_prompt else torch.zeros_like(p)
         toks, lps = [], []
         done = torch.zeros(B, dtype=torch.bool, device=device)
-        peak = p.cpu().clone()
+        peak, held, cut = p.cpu().clone(), p.cpu().clone(), torch.zeros(B, dtype=torch.bool)
         stops = torch.tensor(sorted(self.stop_ids), device=device)
         try:
             mask = real.long() if bool((p != P).any()) else None
@@ -224,6 +233,7 @@ class SparseHFEngine(PolicyEngine):
                     due = self._due(n, base, p, t)
                     if bool(due.any()):
                         n = self._compress(cache, kept, queries, n, base, due)
+                        cut |= (due & ~done).cpu()  # a finished row's cut is a filler's, not its rollout's
                     kept = [torch.cat([k, (p + t)[:, None]], dim=1) for k in kept]
                     n = n + 1
                 if self.record:
@@ -233,16 +243,27 @@ class SparseHFEngine(PolicyEngine):
                     input_ids=tok.unsqueeze(1), attention_mask=mask, position_ids=(p + t)[:, None], past_key_values=cache, use_cache=True
                 ).logits[:, -1]
                 peak = torch.where(done.cpu(), peak, torch.maximum(peak, n.cpu()))
+                held = torch.where(done.cpu(), held, held + n.cpu())  # the entries that produced the next token
         finally:
             for h in handles:
                 h.remove()
-        toks, lps = torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist()
+        return self._rows(torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist(), p.tolist(), peak, held, cut)
+
+    def _rows(self, toks: list, lps: list, p: list, peak, held, cut) -> list[tuple]:
+        """Per row, cut after its first stop token: (tokens, log-probs, finish, dense peak, sparse peak, token-steps, cut)."""
         out = []
-        for b in range(B):
+        for b in range(len(toks)):
             end = next((i for i, x in enumerate(toks[b]) if x in self.stop_ids), None)
             keep = len(toks[b]) if end is None else end + 1
-            out.append((toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", int(p[b]) + keep - 1, int(peak[b])))
+            row = (toks[b][:keep], lps[b][:keep], "length" if end is None else "stop", p[b] + keep - 1, int(peak[b]))
+            out.append(row + (int(held[b]), bool(cut[b])))
         return out
+
+
+def dense_token_steps(prompt: int, completion: int) -> int:
+    """KV token-steps of one sequence with a full cache: token i (from 0) is produced by a forward holding prompt + i
+    entries, so the sum over the ``completion`` tokens is completion * prompt + completion * (completion - 1) / 2."""
+    return completion * prompt + completion * (completion - 1) // 2
 
 
 def _decode_mask(L: int, n: torch.Tensor) -> torch.Tensor | None:

@@ -111,6 +111,11 @@ def test_cache_replay_matches_the_engines_own_count(budget, interval, keep):
         out.metrics["kv_bytes_sparse"]
     )
     assert s.kv_stats(prompts, lens, None, 1, 1)["kv_peak"] * _per_token(model) == pytest.approx(out.metrics["kv_bytes_dense"])
+    # the batch aggregate: token-steps and the share ever cut, replayed from the lengths alone (stops, padding included)
+    replay = s.kv_stats(prompts, lens, budget, interval, 1, keep)
+    assert replay["kv_steps"] == out.metrics["kv_token_steps_sparse"] < out.metrics["kv_token_steps_dense"]
+    assert s.kv_stats(prompts, lens, None, 1, 1)["kv_steps"] == out.metrics["kv_token_steps_dense"]
+    assert replay["compressed_frac"] == out.metrics["kv_compressed_frac"] > 0
     assert s.cache_sizes(30, 5, 32, 8) == [30, 31, 32, 25, 26] and s.cache_sizes(30, 3) == [30, 31, 32]
 
 
@@ -129,3 +134,25 @@ def test_regime_report_without_runs_is_one_line(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "no finished run" in p.stderr, p.stderr
     assert not any(out.glob("*")) if out.exists() else True
+
+
+def test_regime_dose_rebuilds_both_kv_measures_from_committed_files(tmp_path):
+    """``scripts/sparse_rl_regime.py dose``: dose_response.csv from the committed presweep.csv and summary.csv, both KV
+    measures per setting (the aggregate below the peak where every rollout is cut), the trained aggregate blank for
+    runs that did not record it."""
+    import csv
+    import importlib.util
+    import shutil
+
+    regime = ROOT / "results" / "cpu" / "sparse_rl" / "regime"
+    for name in ("presweep.csv", "summary.csv"):
+        shutil.copy(regime / name, tmp_path / name)
+    spec = importlib.util.spec_from_file_location("sparse_rl_regime", ROOT / "scripts" / "sparse_rl_regime.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["dose", "--out", str(tmp_path)])
+    rows = {r["setting"]: r for r in csv.DictReader((tmp_path / "dose_response.csv").open())}
+    w20 = rows["keep_prompt W=20"]
+    assert 0 < float(w20["kv_saving_token_steps"]) < float(w20["kv_saving"]) and float(w20["compressed_frac"]) > 0.9
+    assert w20["trained_kv_saving"] and w20["trained_kv_saving_token_steps"] == ""
+    assert list(csv.DictReader((tmp_path / "dose_response.csv").open())) == list(csv.DictReader((regime / "dose_response.csv").open()))
