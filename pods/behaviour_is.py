@@ -3,10 +3,10 @@
 A rollout drawn from a behaviour policy mu (the sampler: an older policy version when the producer runs ahead of the
 trainer, ``batch.staleness`` > 0, or another numerics, vLLM vs the trainer) is trained with the trainer's policy
 before this update, pi_old (the dense pre-pass, which also becomes ``batch.old_logprobs``, so the clipped ratio is
-pi_theta / pi_old as in decoupled PPO). Each completion token's loss is multiplied by
-  token level:    w_t = min(C, exp(log pi_old_t - log mu_t))
-  sequence level: w_i = min(C, exp(mean_t (log pi_old_t - log mu_t))) on every token of row i (the geometric mean)
-with C = ``algorithm.correction_clip`` and, below, c = ``algorithm.correction_low`` (0: no lower bound): truncated
+pi_theta / pi_old as in decoupled PPO). Each completion token's loss is multiplied by a weight w of the ratio
+  token level:    r_t = exp(log pi_old_t - log mu_t)
+  sequence level: r_i = exp(mean_t (log pi_old_t - log mu_t)) on every token of row i (the geometric mean)
+with C = ``algorithm.correction_clip`` above and c = ``algorithm.correction_low`` below (0: no lower bound): truncated
 (``algorithm.correction_mode=truncate``, the default) w = min(C, max(c, r)); masked (``mask``) w = r inside [c, C] and
 0 outside it, so a token (token level) or a whole row (sequence level) whose ratio left the bounds gets no gradient
 while the others keep their exact ratio. A masked token stays in the loss's normalisers (a zero weight, as TRL's

@@ -107,7 +107,8 @@ class GapCheck:
         return cls(mode, warn, why)
 
     def __call__(self, sums: torch.Tensor, rank: int = 0) -> dict:
-        """The step's metrics from ``gap_sums`` over all ranks; warns (rank 0) when the sync looks broken."""
+        """The step's metrics from ``gap_sums`` over all ranks; warns (rank 0) when the sync looks broken, and once, at
+        the first step, when an asynchronous run has no correction (``advice``)."""
         if self.advice and not self.told and rank == 0:
             log.warning(self.advice)
         if self.mode == "off":
