@@ -171,7 +171,7 @@ class DeepSpeedBackend(Backend):
         return int(top)
 
     def gap_totals(self, sums: torch.Tensor) -> torch.Tensor:
-        total, top = sums[:2].to(self.device), sums[2:].to(self.device)
+        total, top = sums[:-1].to(self.device), sums[-1:].to(self.device)
         torch.distributed.all_reduce(total)
         torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
         return torch.cat([total, top]).cpu()

@@ -3,7 +3,12 @@
 ``sampler_gap`` = mean over the step's loss tokens (``loss_mask``, over all ranks) of |trainer log-prob - sampler
 log-prob|, the trainer's taken BEFORE any optimizer step of the rollout step (the first optimizer step's forward, or
 the old-log-prob pre-pass when the step makes several): the policy the engine was synced to. ``sampler_gap_max``
-is the largest single token's. vLLM keeps the old tensors of a layer it failed to reload and only logs a warning;
+is the largest single token's. Beside it, two measures of the mismatch (verl logs a family of them):
+``mismatch_k3``, the mean over the loss tokens of r - 1 - log r with r = pi_trainer / pi_sampler of the sampled token
+(Schulman's k3: an unbiased, nonnegative estimate of KL(sampler || trainer) from the sampler's draws), and
+``log_ppl_gap``, the mean over rows (those with a loss token) of the sampler's log-perplexity minus the trainer's,
+mean_t(-log mu_t) - mean_t(-log pi_t): positive when the trainer finds the rows more likely than the sampler did.
+vLLM keeps the old tensors of a layer it failed to reload and only logs a warning;
 a sync that failed, or was skipped, shows here as a gap of the size of a step's change of the policy.
 
 What the gap measures depends on the run (``GapCheck.of``):
@@ -42,16 +47,26 @@ AUTO_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # float16: not
 WARN_EVERY = 20  # after the first warning, one line per this many steps above the threshold
 
 
+SUMS = 6  # the length of ``gap_sums``
+
+
 def gap_sums(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[sum of |trainer - sampler| over the loss tokens, their count, the largest] (float64) of [B, C] log-probs."""
-    d = (trainer.detach().double() - sampler.to(trainer.device).double()).abs() * (mask > 0)
-    return torch.stack([d.sum(), (mask > 0).sum().double(), d.max() if d.numel() else d.new_zeros(())]).cpu()
+    """Over the loss tokens of [B, C] log-probs, float64: [sum of |trainer - sampler|, the tokens, sum of k3, sum over
+    the rows with a loss token of mean_t (trainer - sampler), those rows, the largest |trainer - sampler|] (the
+    module docstring). Every entry but the last adds up over micro-batches and ranks; the last is a max."""
+    live = mask > 0
+    d = (trainer.detach().double() - sampler.to(trainer.device).double()) * live
+    k3 = (torch.exp(d) - 1 - d) * live
+    per_row, rows = live.sum(1).double(), (live.sum(1) > 0).double()
+    row_mean = d.sum(1) / per_row.clamp(min=1.0)
+    top = d.abs().max() if d.numel() else d.new_zeros(())
+    return torch.stack([d.abs().sum(), live.sum().double(), k3.sum(), row_mean.sum(), rows.sum(), top]).cpu()
 
 
 def add_gap(acc: torch.Tensor, sums: torch.Tensor) -> None:
     """``acc`` += ``sums`` (two ``gap_sums``: sums and counts added, the max kept), in place."""
-    acc[:2] += sums[:2]
-    acc[2] = torch.maximum(acc[2], sums[2])
+    acc[:-1] += sums[:-1]
+    acc[-1] = torch.maximum(acc[-1], sums[-1])
 
 
 @dataclass
@@ -63,6 +78,7 @@ class GapCheck:
     why: str = ""
     trips: int = 0
     told: bool = False
+    advice: str = ""  # warned once, at the first step (rank 0): an asynchronous run without a correction
 
     @classmethod
     def of(cls, cfg: Root) -> GapCheck:
@@ -74,20 +90,33 @@ class GapCheck:
         if t_loss != "sampling" and float(t_loss) != cfg.sampling.temperature:
             why = f"algorithm.loss_temperature={t_loss} != sampling.temperature={cfg.sampling.temperature}: the gap would measure the temperature"
             return cls("off", warn, why)
-        if cfg.train.max_staleness:  # docs/async.md: the rows' policy is up to k versions older than the trainer's
-            return cls("mismatch", warn, f"train.max_staleness={cfg.train.max_staleness}: rollouts of older policy versions")
+        k = cfg.train.max_staleness
+        if k:  # docs/async.md: the rows' policy is up to k versions older than the trainer's
+            advice = (
+                f"train.max_staleness={k} with algorithm.correction=none: rows from up to {k} older policy versions are "
+                "trained as if on-policy; consider algorithm.correction=behaviour_is (docs/async.md, 'Corrections')"
+            )
+            return cls(
+                "mismatch",
+                warn,
+                f"train.max_staleness={k}: rollouts of older policy versions",
+                advice=advice if cfg.algorithm.correction == "none" else "",
+            )
         name = cfg.rollout.name
         mode, why = ENGINES.get(name).gap_meaning(cfg) if name in ENGINES.names() else ("sync", "")
         return cls(mode, warn, why)
 
     def __call__(self, sums: torch.Tensor, rank: int = 0) -> dict:
-        """The step's metrics from ``gap_sums`` over all ranks; warns (rank 0) when the sync looks broken."""
+        """The step's metrics from ``gap_sums`` over all ranks; warns (rank 0) when the sync looks broken, and once, at
+        the first step, when an asynchronous run has no correction (``advice``)."""
+        if self.advice and not self.told and rank == 0:
+            log.warning(self.advice)
         if self.mode == "off":
             if not self.told and rank == 0:
                 log.info(f"sampler_gap not logged: {self.why}")
             self.told = True
             return {}
-        total, count, top = (float(v) for v in sums)
+        total, count, k3, row_gap, rows, top = (float(v) for v in sums)
         gap = total / count if count else float("nan")
         if self.mode == "mismatch" and not self.told and rank == 0:
             log.info(f"sampler_gap is logged but not checked: {self.why}")
@@ -99,4 +128,5 @@ class GapCheck:
                     f"sampler_gap {gap:.3g} > {self.warn_above:.3g} (train.sampler_gap_warn; {self.trips} steps so far): the "
                     "engine's log-probs are not the trainer's; a weight sync failed or was skipped (vLLM logs which layers it kept)"
                 )
-        return {"sampler_gap": gap, "sampler_gap_max": top}
+        mismatch = {"mismatch_k3": k3 / count if count else float("nan"), "log_ppl_gap": row_gap / rows if rows else float("nan")}
+        return {"sampler_gap": gap, "sampler_gap_max": top, **mismatch}

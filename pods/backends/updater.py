@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from pods.backends.batch import TokenStats, TrainBatch, budget_rows
-from pods.backends.gap import GapCheck, add_gap, gap_sums
+from pods.backends.gap import SUMS, GapCheck, add_gap, gap_sums
 from pods.losses import AGGREGATIONS, POLICY_LOSSES, k3_kl
 from pods.plan import mini_batch_bounds
 from pods.progress import bar
@@ -64,7 +64,7 @@ class Updater:
         return n_seqs, n_tokens
 
     def gap_totals(self, sums: torch.Tensor) -> torch.Tensor:
-        """``gap_sums`` of this rank's rows -> over all ranks (sum, count summed; max maxed): a data-parallel backend's."""
+        """``gap_sums`` of this rank's rows -> over all ranks (sums and counts summed; the last, a max, maxed): a data-parallel backend's."""
         return sums
 
     def agree_count(self, count: int) -> int:
@@ -125,7 +125,7 @@ class Updater:
         if total > 1 and batch.old_logprobs is None:
             batch.old_logprobs = self.policy_logprobs(batch)  # the behaviour policy, fixed across the optimizer steps
         pre = batch.old_logprobs if total > 1 and batch.old_logprobs is not batch.sampler_logprobs else None
-        gap = gap_sums(pre, batch.sampler_logprobs, batch.loss_mask) if pre is not None else torch.zeros(3, dtype=torch.float64)
+        gap = gap_sums(pre, batch.sampler_logprobs, batch.loss_mask) if pre is not None else torch.zeros(SUMS, dtype=torch.float64)
         lr_at = lr if callable(lr) else (lambda f: lr)
         done = []
         for i in range(total):

@@ -49,7 +49,9 @@ class Algorithm(Section):
     token_rule: str = "all"  # pods.tokens.TOKEN_SELECTORS: which completion tokens enter the loss
     correction: str | list[str] = "none"  # pods.tokens.CORRECTIONS: sampler-vs-policy correction(s), a list runs each in turn
     correction_level: Literal["token", "sequence"] = "token"  # behaviour_is: per-token ratio, or each row's geometric mean
-    correction_clip: PosF = 2.0  # behaviour_is: weights min(C, ratio), the truncation C (TIS's 2; >= 1)
+    correction_clip: PosF = 2.0  # behaviour_is: the upper bound C of the ratio (TIS's 2; >= 1)
+    correction_low: NonNegF = 0.0  # behaviour_is: the lower bound c of the ratio (<= 1); 0 = none
+    correction_mode: Literal["truncate", "mask"] = "truncate"  # behaviour_is: ratios outside [c, C] clamped to it, or weighted 0
     m_final: Pos | None = None  # D3S: kept rollouts at progress 1
     m_intra: Pos | None = None  # rule d3s_two_stage: rollouts per group its intra-group stage keeps first (null = n)
     token_keep: Frac | None = None  # D3S: fraction of tokens kept at progress 0
@@ -98,5 +100,9 @@ class Algorithm(Section):
         need(
             self.correction_clip >= 1,
             f"algorithm.correction_clip must be >= 1 (below 1 it scales down on-policy tokens), got {self.correction_clip}",
+        )
+        need(
+            self.correction_low <= 1,
+            f"algorithm.correction_low must be <= 1 (above 1 it scales up or masks on-policy tokens), got {self.correction_low}",
         )
         return self

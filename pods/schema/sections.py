@@ -76,7 +76,7 @@ class Train(Section):
 
 class Optim(Section):
     name: str | None = None  # pods.backends.OPTIMIZERS; null = the hardware profile's (hardware.optimizer)
-    lr: PosF = 1.0e-4
+    lr: NonNegF = 1.0e-4  # 0: the weights never change (the asynchronous loop's bit-equality check, docs/async.md)
     betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = [0.9, 0.99]
     eps: PosF = 1.0e-8
     weight_decay: NonNegF = 0.0

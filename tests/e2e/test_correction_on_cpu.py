@@ -1,7 +1,8 @@
 """``algorithm.correction=behaviour_is`` through the command line (tiny model, toy task, CPU, the synchronous loop:
 staleness 0): every step logs the weights' stats and the rows' staleness, and with the HF sampler (the trainer's own
 policy in float32) the weights are 1 up to the two forwards' rounding; ``algorithm.correction=none`` spelled out logs
-bit for bit the rows of a run of the main branch before the correction existed (tests/support/main_rows_80732e7.jsonl)."""
+bit for bit the rows of a run of the main branch before the correction existed (tests/support/main_rows_80732e7.jsonl);
+with ``train.max_staleness=1`` the mismatch diagnostics are logged, and a run without a correction warns once."""
 
 from __future__ import annotations
 
@@ -46,3 +47,26 @@ def test_correction_none_logs_what_main_logged(tiny_dir, tmp_path):
     assert len(got) == len(want)
     for g, w in zip(got, untimed(want)):
         assert {k: g.get(k) for k in w} == w
+
+
+def test_staleness_1_logs_the_mismatch_and_warns_without_a_correction(tiny_dir, tmp_path):
+    """k = 1 and no correction: the one-line warning in train.log, once; ``mismatch_k3`` and ``log_ppl_gap`` beside
+    ``sampler_gap`` in metrics.jsonl and under ``train/`` in the W&B row (``pods.wandb_log.flat``)."""
+    from pods.wandb_log import flat
+
+    rows = [r for r in train(tmp_path / "run", "train.max_staleness=1", "eval.at_start=false") if r["kind"] == "train"]
+    warned = [x for x in (tmp_path / "run" / "train.log").read_text().splitlines() if "with algorithm.correction=none" in x]
+    assert len(warned) == 1 and "train.max_staleness=1" in warned[0]
+    for r in rows:
+        assert r["mismatch_k3"] >= 0 and r["log_ppl_gap"] == r["log_ppl_gap"] and r["sampler_gap"] >= 0
+    assert any(r["mismatch_k3"] > 1e-6 for r in rows[1:])  # batches 2, 3: one version stale (the lr moves the policy)
+    assert {"train/mismatch_k3", "train/log_ppl_gap"} <= set(flat(rows[-1]))
+
+
+def test_masked_sequence_correction_at_staleness_1(tiny_dir, tmp_path):
+    over = ["algorithm.correction=behaviour_is", "algorithm.correction_mode=mask", "algorithm.correction_level=sequence"]
+    rows = [r for r in train(tmp_path / "run", "train.max_staleness=1", *over, "eval.at_start=false") if r["kind"] == "train"]
+    assert "with algorithm.correction=none" not in (tmp_path / "run" / "train.log").read_text()
+    assert [r["staleness_max"] for r in rows] == [0, 1, 1]
+    for r in rows:
+        assert 0 < r["bis_weight_mean"] <= 2.0 and 0 <= r["bis_clipped_frac"] <= 1 and r["mismatch_k3"] >= 0

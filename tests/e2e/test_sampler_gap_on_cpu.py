@@ -96,8 +96,11 @@ def test_gap_check_of_config_and_warning_rhythm(gap_log):
     truncated = GapCheck.of(check(compose(["rollout=vllm", "sampling.top_k=50"])))
     assert truncated.mode == "mismatch" and "top_k=50" in truncated.why  # logged, not checked (issue 32 item 6)
     check_ = GapCheck("sync", 1e-3)
-    big, small = torch.tensor([5.0, 10.0, 2.0], dtype=torch.float64), torch.tensor([1e-4, 10.0, 1e-4], dtype=torch.float64)
-    assert check_(small) == {"sampler_gap": pytest.approx(1e-5), "sampler_gap_max": pytest.approx(1e-4)}
+    # gap_sums' layout: |d| sum, tokens, k3 sum, sum of the rows' mean d, rows, the largest |d|
+    big = torch.tensor([5.0, 10.0, 1.0, 1.0, 2.0, 2.0], dtype=torch.float64)
+    small = torch.tensor([1e-4, 10.0, 1e-6, 2e-5, 2.0, 1e-4], dtype=torch.float64)
+    want = {"sampler_gap": 1e-5, "sampler_gap_max": 1e-4, "mismatch_k3": 1e-7, "log_ppl_gap": 1e-5}
+    assert check_(small) == {k: pytest.approx(v) for k, v in want.items()}
     for _ in range(2 * WARN_EVERY):
         assert check_(big)["sampler_gap"] == 0.5
     check_(big, rank=1)  # other ranks never warn

@@ -67,7 +67,7 @@ def test_types_are_normalised():
 
 BAD = [
     (("optim", "lr"), "abc", "optim.lr must be a number, got 'abc'"),
-    (("optim", "lr"), -1.0, "optim.lr must be > 0, got -1.0"),
+    (("optim", "lr"), -1.0, "optim.lr must be >= 0, got -1.0"),
     (("train", "max_steps"), 0, "train.max_steps must be >= 1 (or null), got 0"),
     (("algorithm", "n"), True, "algorithm.n must be an integer, got True"),
     (("algorithm", "n"), 2.5, "algorithm.n must be an integer, got 2.5"),
