@@ -31,6 +31,9 @@ from pods.errors import ConfigError  # noqa: E402
 OUT = ROOT / "results" / "cpu" / "sparse_rl" / "regime"
 RUNS = ROOT / "runs" / "sparse_rl_regime"
 ARMS = {"dense": "sparse_rl_long_dense_cpu", "sparse": "sparse_rl_regime_uncorrected_cpu", "sparse_rl": "sparse_rl_regime_cpu"}
+WINDOWS = {  # --window W: the arms trained at another window (their own folders); the dense arm is W = 20's, reused
+    16: {"dense": "sparse_rl_long_dense_cpu", "sparse": "sparse_rl_regime_w16_uncorrected_cpu", "sparse_rl": "sparse_rl_regime_w16_cpu"},
+}
 _KEEP = {"method": "sink_window", "sink": 0, "interval": 1, "keep_prompt": True, "pad": True}
 SETTINGS = {f"keep_prompt W={w}": {**_KEEP, "budget": w} for w in (4, 8, 12, 16, 20, 24, 32)} | {
     "cut prompt: sink_window 28/2 (long runs)": {"method": "sink_window", "budget": 28, "interval": 2, "sink": 4, "pad": True},
@@ -240,6 +243,17 @@ def _plot_dose(dose: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def reuse_dense(runs: Path, seeds: list[int]) -> None:
+    """The dense arm of another window's runs: W = 20's committed metrics and final evaluation, as run folders."""
+    import shutil
+
+    for s in seeds:
+        d = runs / f"dense_s{s}"
+        d.mkdir(parents=True, exist_ok=True)
+        for src, name in ((OUT / f"dense_s{s}.metrics.jsonl", "metrics.jsonl"), (OUT / f"dense_s{s}.final_eval.json", "final_eval.json")):
+            shutil.copyfile(src, d / name)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["sweep", "run", "final", "report", "dose"])
@@ -247,9 +261,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=8, help="sweep: samples per test prompt")
     p.add_argument("--runs", type=Path, default=RUNS)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--window", type=int, choices=[20, *WINDOWS], default=20, help="the trained window W (20: the registered runs)")
+    p.add_argument("--jobs", type=int, default=1, help="run: runs side by side (1 thread each)")
     args = p.parse_args(argv)
+    if args.window != 20:  # its own runs and results, beside W = 20's; the dense arm's runs are copied in by reuse_dense
+        args.runs = args.runs if args.runs != RUNS else RUNS.with_name(f"{RUNS.name}_w{args.window}")
+        args.out = args.out if args.out != OUT else OUT / f"w{args.window}"
     long = _long()
-    long.ARMS, long.RUNS, long.OUT = ARMS, args.runs, args.out
+    long.ARMS, long.RUNS, long.OUT = (WINDOWS[args.window] if args.window != 20 else ARMS), args.runs, args.out
     try:
         long.writable(args.out, "--out", directory=True)
     except ConfigError as e:
@@ -257,8 +276,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "sweep":
         sweep(args.out, args.repeats)
     elif args.what == "run":  # the sparse arms seed by seed, then the dense arm (the long comparison's, rerun)
-        order = [(a, s) for s in args.seeds for a in ("sparse_rl", "sparse")] + [("dense", s) for s in args.seeds]
-        long.run_jobs([long._job(a, s, args.runs) for a, s in order], 1, args.out / "load.txt")
+        order = [(a, s) for s in args.seeds for a in ("sparse_rl", "sparse")]
+        if args.window == 20:
+            order += [("dense", s) for s in args.seeds]
+        else:
+            reuse_dense(args.runs, args.seeds)
+        long.run_jobs([long._job(a, s, args.runs) for a, s in order], args.jobs, args.out / "load.txt")
     elif args.what == "dose":  # no runs needed: the trained arms from --out/summary.csv
         import csv
 
