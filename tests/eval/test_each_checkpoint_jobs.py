@@ -60,7 +60,7 @@ def test_the_jobs_of_a_gpu_run_ask_for_its_profiles_gpu_and_run_on_its_device(gp
 
     p = door("pods.eval", ["--each-checkpoint", str(gpu_run), *SUITE, "--launcher", "submitit", "--out", str(tmp_path)])
     assert p.returncode == 0, p.stderr[-3000:]
-    assert [j.name for j in submitted] == ["eval-step_000002", "eval-final"]  # the sharded step 1: no job
+    assert [j.name for j in submitted] == ["eval-base", "eval-step_000002", "eval-final"]  # the start (step 0); the sharded step 1: no job
     assert "left out: step_000001.pt (sharded DeepSpeed checkpoints" in p.stderr
     for job in submitted:
         res = _resources(job)
