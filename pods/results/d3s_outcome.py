@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("results/cpu/d3s_outcome"))
     ap.add_argument("--runs", type=Path, default=Path("runs/d3s_outcome"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS[:3])
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS)
     ap.add_argument("--prompts", type=int, default=40)
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE overrides (probe: of the model; reproduce: of every run)")
     args = ap.parse_intermixed_args(argv)
