@@ -168,7 +168,7 @@ FIG_cpu-plot = $(PY) -m pods.demo summarize --out results/cpu
 FIG_d3s-mixed-cpu = $(PY) -m pods.results.d3s_mixed reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 #> d3s-mixed-cpu-plot       redraw results/cpu/d3s_mixed/ (summary, curves, strata, predictions) from its copied runs
 FIG_d3s-mixed-cpu-plot = $(PY) -m pods.results.d3s_mixed summarize $(if $(SEEDS),--seeds $(SEEDS))
-#> d3s-outcome-cpu          here: D3S's outcome on toy_sum from a re-blurred model GRPO can improve: GRPO, across groups, full D3S x 3 seeds x 150 steps, one at a time -> results/cpu/d3s_outcome/
+#> d3s-outcome-cpu          here: D3S's outcome on toy_sum from a re-blurred model GRPO can improve: GRPO, across groups, full D3S, within groups x 3 seeds x 150 steps, one at a time -> results/cpu/d3s_outcome/
 FIG_d3s-outcome-cpu = $(PY) -m pods.results.d3s_outcome reproduce $(if $(SEEDS),--seeds $(SEEDS)) $(ARGS)
 #> d3s-outcome-cpu-plot     redraw results/cpu/d3s_outcome/ (summary, paired differences, band metric, predictions) from its copied runs
 FIG_d3s-outcome-cpu-plot = $(PY) -m pods.results.d3s_outcome summarize $(if $(SEEDS),--seeds $(SEEDS))
