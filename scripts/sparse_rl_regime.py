@@ -185,6 +185,9 @@ def dose_response(out: Path, rows: list[dict]) -> list[dict]:
     sweep_rows = list(csv.DictReader((out / "presweep.csv").open()))
     long_rows = list(csv.DictReader((OUT.parent / "long" / "summary.csv").open()))
     trained = {"keep_prompt W=20": (_arm_means(rows), "regime"), SEVERE: (_arm_means(long_rows), "long")}
+    for w in WINDOWS:  # the other trained windows (their own folder; the dense arm is W = 20's, reused)
+        if (out / f"w{w}" / "summary.csv").exists():
+            trained[f"keep_prompt W={w}"] = (_arm_means(list(csv.DictReader((out / f"w{w}" / "summary.csv").open()))), f"regime w{w}")
     regime = trained["keep_prompt W=20"][0]
     if regime.get("dense", {}).get("seeds", 0) < regime.get("sparse_rl", {}).get("seeds", 0):  # the pre-registered fallback
         trained["keep_prompt W=20"][0]["dense"] = _arm_means(long_rows)["dense"]
@@ -208,7 +211,9 @@ def dose_response(out: Path, rows: list[dict]) -> list[dict]:
         row["note"] = (
             "the severe end (results/cpu/sparse_rl/long)"
             if r["setting"] == SEVERE
-            else ("trained (this folder)" if source == "regime" or "W=20" in r["setting"] else "")
+            else (
+                "trained (this folder)" if source == "regime" or "W=20" in r["setting"] else (f"trained ({source[7:]}/)" if source else "")
+            )
         )
         dose.append(row)
     write_csv(dose, out / "dose_response.csv", DOSE)
@@ -286,6 +291,11 @@ def main(argv: list[str] | None = None) -> None:
         import csv
 
         dose_response(args.out, list(csv.DictReader((args.out / "summary.csv").open())))
+    elif args.what == "report" and args.window != 20:  # its own folder's files, then W = 20's dose-response with this row
+        import csv
+
+        long.report(args.out, args.runs)
+        dose_response(OUT, list(csv.DictReader((OUT / "summary.csv").open())))
     elif args.what == "report":
         for row in dose_response(args.out, long.report(args.out, args.runs)):
             print({k: v for k, v in row.items() if v not in (None, "")})
