@@ -46,9 +46,19 @@ class StopFlag:
 
     def after_checkpoint(self) -> None:
         """Put the previous handlers back, then run those the signals would have run (they may exit the
-        process, e.g. to requeue)."""
+        process, e.g. to requeue). A run stopped by Ctrl-C keeps Ctrl-C: another one while it ends (the end-of-run
+        steps) ends it in one line with 130, not Python's traceback."""
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+            signal.signal(sig, _again if sig == signal.SIGINT and self.by == "SIGINT" else previous)
         deferred, self._deferred = self._deferred, []
         for handler, signum, frame in deferred:
             handler(signum, frame)
+
+
+AGAIN = b"pods: interrupted (Ctrl-C) again after the checkpoint: ending now (the checkpoint is kept; train.resume=auto continues)\n"
+
+
+def _again(signum, frame) -> None:
+    """Ctrl-C once more after a Ctrl-C's checkpoint: end now, in one line, with the shell's Ctrl-C status."""
+    os.write(2, AGAIN)
+    raise SystemExit(130)

@@ -16,6 +16,7 @@ resume decision per run. The end-of-run suite (``eval.suite``) is ``pods.eval.en
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -199,6 +200,7 @@ def run(cfg: DictConfig) -> float | None:
     if last.get("stopped"):  # SIGTERM, SLURM's warning or a first Ctrl-C: checkpointed, then ended
         log.info(f"stopped by {last['stopped']}: {resume.kept_work(run_dir)}")
         if last["stopped"] == "SIGINT":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # ended: a late Ctrl-C in the interpreter's teardown changes nothing
             sys.exit(130)  # as a shell expects of Ctrl-C: a loop of commands stops too
         return None
     log.info(f"run directory: {run_dir}  final eval accuracy: {last.get('accuracy', float('nan')):.3f}")

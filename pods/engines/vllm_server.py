@@ -218,7 +218,8 @@ class VLLMServerEngine(Engine):
         else:
             self.source.pairs, send = pairs, self.sender.send_weights
         try:
-            rendezvous.within(self.cfg.server_timeout_s, f"the {self.transport} weight push of version {label}", send, abort=self._abort)
+            doing = f"vLLM server {', '.join(self.servers.urls)}: the {self.transport} weight push of version {label}"  # who, then what
+            rendezvous.within(self.cfg.server_timeout_s, doing, send, abort=self._abort)
         finally:
             if self.source is not None:
                 self.source.pairs = []

@@ -82,7 +82,11 @@ def test_the_first_ctrl_c_checkpoints_and_ends_like_sigterm(tiny_dir, tmp_path, 
 def test_a_second_ctrl_c_aborts_at_once_in_one_line(tiny_dir, tmp_path):
     rc, out, err = interrupted(tmp_path, [signal.SIGINT, signal.SIGINT])
     assert rc == 130 and "Traceback" not in err, err[-3000:]
-    assert last_line(err).startswith("pods: interrupted (Ctrl-C): no checkpoint written now; "), err[-3000:]
+    aborted = last_line(err).startswith(  # mid-step: no checkpoint; or, on a fast step, after the first one's checkpoint
+        ("pods: interrupted (Ctrl-C): no checkpoint written now; ", "pods: interrupted (Ctrl-C) again after the checkpoint")
+    )
+    ended = last_line(out).startswith(f"[pods] stopped by SIGINT: {tmp_path / 'run'} keeps step_")  # or it had ended already
+    assert aborted or ended, err[-3000:] + out[-2000:]
 
 
 @needs_vllm_kernels

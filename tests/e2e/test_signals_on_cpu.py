@@ -24,6 +24,32 @@ def test_stop_flag_defers_the_previous_handler_until_after_the_checkpoint():
         signal.signal(signal.SIGUSR2, old)
 
 
+def test_a_ctrl_c_after_a_ctrl_cs_checkpoint_ends_in_one_line_with_130(capfd):
+    """A second Ctrl-C that lands after the first one's checkpoint (a fast step) ends the run in one line, not with
+    Python's KeyboardInterrupt traceback; after a SIGTERM's checkpoint Ctrl-C is Python's own again."""
+    import pytest
+
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        flag = StopFlag().install()
+        with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C mid-step: abort now (pods.train's one line)
+            os.kill(os.getpid(), signal.SIGINT), os.kill(os.getpid(), signal.SIGINT)
+        flag.after_checkpoint()
+        with pytest.raises(SystemExit) as end:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert end.value.code == 130 and capfd.readouterr().err.splitlines()[-1].startswith(
+            "pods: interrupted (Ctrl-C) again after the checkpoint"
+        )
+        signal.signal(signal.SIGINT, old)
+        flag = StopFlag().install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        flag.after_checkpoint()
+        assert signal.getsignal(signal.SIGINT) is old
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_signal_mid_run_checkpoints_and_resume_continues(tiny_dir, tmp_path, monkeypatch):
     import pods.loop.run as loop  # where Run.step finds rollout_step
     from pods.config import validate

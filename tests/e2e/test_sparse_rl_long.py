@@ -145,14 +145,16 @@ def test_regime_dose_rebuilds_both_kv_measures_from_committed_files(tmp_path):
     import shutil
 
     regime = ROOT / "results" / "cpu" / "sparse_rl" / "regime"
-    for name in ("presweep.csv", "summary.csv"):
+    for name in ("presweep.csv", "summary.csv", "w16/summary.csv"):  # W = 20's runs and the other trained window's
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(regime / name, tmp_path / name)
     spec = importlib.util.spec_from_file_location("sparse_rl_regime", ROOT / "scripts" / "sparse_rl_regime.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.main(["dose", "--out", str(tmp_path)])
     rows = {r["setting"]: r for r in csv.DictReader((tmp_path / "dose_response.csv").open())}
-    w20 = rows["keep_prompt W=20"]
+    w20, w16 = rows["keep_prompt W=20"], rows["keep_prompt W=16"]
     assert 0 < float(w20["kv_saving_token_steps"]) < float(w20["kv_saving"]) and float(w20["compressed_frac"]) > 0.9
     assert w20["trained_kv_saving"] and w20["trained_kv_saving_token_steps"] == ""
+    assert 0 < float(w16["trained_kv_saving_token_steps"]) < float(w16["trained_kv_saving"])  # recorded by the later runs
     assert list(csv.DictReader((tmp_path / "dose_response.csv").open())) == list(csv.DictReader((regime / "dose_response.csv").open()))

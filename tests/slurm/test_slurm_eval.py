@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,13 +37,15 @@ def test_each_checkpoint_is_one_slurm_job(cluster, tiny_dir, tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + cluster.logs()
     root = run / "eval" / "toy" / "checkpoints"
     jobs = sorted((root / ".submitit").glob("[0-9]*"))  # named by their SLURM job ids
-    assert len(jobs) == 3 and all(cluster.state(j.name) == "COMPLETED" for j in jobs), cluster.logs()
-    for name in ("step_000001", "step_000002", "step_000003"):
+    assert len(jobs) == 4 and all(cluster.state(j.name) == "COMPLETED" for j in jobs), cluster.logs()  # base + 3 steps
+    for name in ("base", "step_000001", "step_000002", "step_000003"):
         summary = json.loads((root / name / "summary.json").read_text())
-        assert summary["weights"] == str(run / "checkpoints" / f"{name}.pt")
+        weights = Path(summary["weights"])
+        assert weights == run / "checkpoints" / f"{name}.pt" if name != "base" else (weights / "config.json").is_file()
         assert json.loads((root / name / "launch.json").read_text())["status"] == "finished"
     logs = " ".join(next(j.glob("*_log.out")).read_text() for j in jobs)
-    assert all(f"[pods-eval] {n} (1/1, step {n[-1]})" in logs for n in ("step_000001", "step_000002", "step_000003"))
+    points = [("base", 0), ("step_000001", 1), ("step_000002", 2), ("step_000003", 3)]
+    assert all(f"[pods-eval] {n} (1/1, step {k})" in logs for n, k in points)
     rows = list(csv.DictReader((run / "eval" / "toy" / "curve.csv").open()))
-    assert [r["step"] for r in rows] == ["1", "1", "2", "2", "3", "3"]
+    assert [r["step"] for r in rows] == ["0", "0", "1", "1", "2", "2", "3", "3"]
     assert os.path.getsize(run / "eval" / "toy" / "curve.png") > 0

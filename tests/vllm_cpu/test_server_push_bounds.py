@@ -157,10 +157,10 @@ def test_a_transfer_whose_peer_is_gone_is_one_server_error(stand):
     e.sender.send_weights = gone
     with pytest.raises(ServerError) as err:
         e.load_weights(iter([("model.layers.0.mlp.weight", torch.ones(2, 2))]))
-    assert (
-        str(err.value)
-        == "the nccl weight push of version 1 failed: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234"
-    )
+    assert str(err.value) == (
+        f"vLLM server {e.servers.urls[0]}: the nccl weight push of version 1 failed: "
+        "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234"
+    )  # the server first (pods.train prints it after "pods: "), then the transfer
     assert stand.paths() == ["/pause", "/resume"] and e.version == 0
 
 
