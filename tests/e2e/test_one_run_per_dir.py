@@ -17,7 +17,7 @@ from pods.compose import compose_plain
 from pods.metrics import read_metrics
 from pods.resume import MAY_CHANGE, flat
 from support.doors import door
-from support.runs import TINY_STEPS
+from support.runs import TINY_STEPS, copy_run, one_line, snapshot
 
 SHORT = [*TINY_STEPS, "train.prompts_per_step=1", "train.max_steps=2"]
 
@@ -25,16 +25,6 @@ SHORT = [*TINY_STEPS, "train.prompts_per_step=1", "train.max_steps=2"]
 def train(*args) -> object:
     flags = [a for a in args if a == "-m"]  # Hydra reads its flags before the overrides
     return door("pods.train", [*flags, *SHORT, *(a for a in args if a != "-m")])
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def one_line(p) -> str:
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +35,9 @@ def finished(tiny_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
-def copy(run_dir: Path, tmp_path: Path) -> Path:
-    shutil.copytree(run_dir, tmp_path / "run")
-    return tmp_path / "run"
-
-
 def test_a_fresh_run_into_a_run_directory_is_refused_in_one_line_and_nothing_is_written(finished, tmp_path):
     """It used to train again and append to metrics.jsonl (two setup rows, two step-0 evaluations)."""
-    run_dir = copy(finished, tmp_path)
+    run_dir = copy_run(finished, tmp_path)
     before = snapshot(run_dir)
     for extra in ([], ["seed=1"]):  # the same settings, or others (which also overwrote config.json)
         line = one_line(train(f"hydra.run.dir={run_dir}", *extra))
@@ -63,7 +48,7 @@ def test_a_fresh_run_into_a_run_directory_is_refused_in_one_line_and_nothing_is_
 
 
 def test_start_over_moves_the_old_run_aside_and_starts_a_new_one(finished, tmp_path):
-    run_dir = copy(finished, tmp_path)
+    run_dir = copy_run(finished, tmp_path)
     before = snapshot(run_dir)
     p = train(f"hydra.run.dir={run_dir}", "train.start_over=true", "train.max_steps=1")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -77,7 +62,7 @@ def test_start_over_moves_the_old_run_aside_and_starts_a_new_one(finished, tmp_p
 
 def test_a_resume_with_trained_rows_but_no_checkpoint_is_refused(finished, tmp_path):
     """A run killed before its first checkpoint: resume used to start at step 0 and drop its rows without a word."""
-    run_dir = copy(finished, tmp_path)
+    run_dir = copy_run(finished, tmp_path)
     shutil.rmtree(run_dir / "checkpoints")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
     cut = next(i for i, line in enumerate(lines) if json.loads(line).get("step") == 2)

@@ -5,7 +5,6 @@ uninterrupted one does; a re-run sweep changes no file of its runs."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 from pods.metrics import read_metrics
 from support.config import ROOT
 from support.doors import Ran, door
-from support.runs import TINY_STEPS
+from support.runs import TINY_STEPS, copy_run, one_line, snapshot
 
 SHORT = [*TINY_STEPS, "train.prompts_per_step=1"]
 TIMING = ("train_time", "t_")  # keys whose values are seconds measured by the clock: the only ones a resume may change
@@ -33,17 +32,6 @@ def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return run(["-m", "pods.train", *SHORT, *extra, f"hydra.run.dir={run_dir}"])
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file under ``root`` by its bytes' hash."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def one_line(p: Ran) -> str:
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
-    return lines[0]
-
-
 def untimed(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
@@ -57,14 +45,9 @@ def finished(tiny_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
-def copy(run_dir: Path, tmp_path: Path) -> Path:
-    shutil.copytree(run_dir, tmp_path / "run")
-    return tmp_path / "run"
-
-
 def test_a_finished_run_resumed_stays_finished_and_a_larger_horizon_extends_it(finished, tmp_path):
     """It used to evaluate again at the same step (a second eval row, another accuracy printed as the final one)."""
-    run_dir = copy(finished, tmp_path)
+    run_dir = copy_run(finished, tmp_path)
     before = snapshot(run_dir)
     p = train(run_dir, "train.max_steps=2", "train.resume=auto")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -98,7 +81,7 @@ def test_a_finished_run_resumed_stays_finished_and_a_larger_horizon_extends_it(f
 )
 def test_a_resume_with_other_settings_is_refused_in_one_line_and_the_record_is_kept(finished, tmp_path, change, named):
     """It used to train on with the new settings and overwrite config.json with them (two runs mixed in one record)."""
-    run_dir = copy(finished, tmp_path)
+    run_dir = copy_run(finished, tmp_path)
     before = snapshot(run_dir)
     p = train(run_dir, "train.max_steps=4", "train.resume=auto", *change)
     line = one_line(p)
@@ -115,7 +98,7 @@ def test_a_metrics_row_cut_short_by_a_kill_is_dropped_and_the_resumed_run_logs_w
     every2 = ["train.max_steps=4", "train.checkpoint_every_steps=2", "eval.every_steps=2"]  # (two evaluations before the kill: a curve)
     p = train(straight, *every2)
     assert p.returncode == 0, p.stderr[-3000:]
-    killed = copy(straight, tmp_path)
+    killed = copy_run(straight, tmp_path)
     (killed / "checkpoints" / "step_000004.pt").unlink()
     (killed / "checkpoints" / "latest").write_text("step_000002.pt")
     lines = (straight / "metrics.jsonl").read_text().splitlines(keepends=True)
@@ -139,7 +122,7 @@ def test_a_latest_marker_naming_a_deleted_checkpoint_resumes_from_the_newest_tha
     every2 = ["train.max_steps=4", "train.checkpoint_every_steps=2", "eval.every_steps=2"]
     p = train(straight, *every2)
     assert p.returncode == 0, p.stderr[-3000:]
-    gone = copy(straight, tmp_path)
+    gone = copy_run(straight, tmp_path)
     (gone / "checkpoints" / "step_000004.pt").unlink()
     assert (gone / "checkpoints" / "latest").read_text().strip() == "step_000004.pt"
     lines = (straight / "metrics.jsonl").read_text().splitlines(keepends=True)

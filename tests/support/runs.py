@@ -66,3 +66,25 @@ MAIN_648D2CC_RUN = [
 def untimed(rows: list[dict]) -> list[dict]:
     """Metrics rows without their timings (``train_time``, ``t_*``) and the run-local ``model_dir``."""
     return [{k: v for k, v in r.items() if not k.startswith(("train_time", "t_")) and k != "model_dir"} for r in rows]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` by its bytes' hash (equal snapshots: the directory is byte for byte as it was)."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def one_line(p) -> str:
+    """A refusal of ``python -m pods.train``: exit code 2, one line on stderr, no traceback; the line."""
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    return lines[0]
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of ``run_dir`` as ``tmp_path/run`` (a test changes its copy, the module's run stays as it was)."""
+    import shutil
+
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
